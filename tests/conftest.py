@@ -1,0 +1,66 @@
+"""Shared fixtures: a committed copy of the SmolLM2 tokenizer and a tiny random Llama built on it.
+
+Unit tests never fetch anything: the tiny model has SmolLM2's tokenizer, chat template and vocab,
+with 4 layers of width 64, so every stage's code path runs in seconds.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+DATA = Path(__file__).parent / "data"
+TOKENIZER_DIR = DATA / "tokenizer"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir() -> Path:
+    return TOKENIZER_DIR
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from eyas.target import load_tokenizer
+
+    return load_tokenizer(TOKENIZER_DIR)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random 4-layer Llama (hidden 64) with SmolLM2's tokenizer, saved as an HF dir."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny_model")
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(out)
+    for f in TOKENIZER_DIR.iterdir():
+        shutil.copy(f, out / f.name)
+    return out
