@@ -1,0 +1,216 @@
+"""The prepare stage: raw record files -> normalized train/eval conversations, rejects and stats.
+
+Inputs are `.json` files (a top-level list; record source `<file>:<index>`, 0-based) or `.jsonl` files
+(one record per line; source `<file>:<line>`, 1-based; blank lines are not records). A `.json` file that
+does not parse is a hard error naming the file, line and column, since it cannot be split into
+records; a bad JSONL line is only that record's reject (`invalid_json` / `invalid_encoding`).
+
+Order of decisions per record: parse -> normalize + validate (`eyas.data.formats`) -> duplicate check
+-> `max_conversations` cap. Records valid but beyond the cap count as `over_cap`, so
+`read == kept + rejected + over_cap`. The train/eval split hashes `(seed, id)`, so a record's split
+does not change when other records are added (except through the `eval_max` cap, which keeps the
+eval candidates of smallest hash).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eyas.atomic import atomic_file
+from eyas.data.formats import FORMATS, RecordRejected, content_hash, normalize_record
+
+MAX_REJECT_RECORD_CHARS = 4096  # raw records in rejects.jsonl are cut to this many characters
+
+
+class InputFileError(ValueError):
+    """An input file that cannot be read as records at all (names the file and position)."""
+
+
+@dataclass
+class RawRecord:
+    source: str  # "<file>:<line>" or "<file>:<index>"
+    record: Any  # the parsed JSON value, or the raw line text when it did not parse
+    error: RecordRejected | None = None  # set when the line could not be decoded or parsed
+
+
+def _line_of_offset(data: bytes, offset: int) -> tuple[int, int]:
+    line = data.count(b"\n", 0, offset) + 1
+    return line, offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+
+
+def _read_json_list(path: Path) -> Iterator[RawRecord]:
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line, col = _line_of_offset(data, err.start)
+        raise InputFileError(f"{path}:{line}:{col}: not valid UTF-8 (byte {err.start})") from None
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputFileError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
+    if not isinstance(records, list):
+        raise InputFileError(f"{path}: top level is {type(records).__name__}, expected a list of records")
+    for index, record in enumerate(records):
+        yield RawRecord(f"{path}:{index}", record)
+
+
+def _read_jsonl(path: Path) -> Iterator[RawRecord]:
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a UTF-8 byte-order mark is not part of the first record
+            if not raw.strip():
+                continue
+            source = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                text = raw.decode("utf-8", errors="replace")
+                yield RawRecord(
+                    source, text, RecordRejected("invalid_encoding", f"byte {err.start}: {err.reason}")
+                )
+                continue
+            try:
+                yield RawRecord(source, json.loads(line))
+            except json.JSONDecodeError as err:
+                yield RawRecord(
+                    source, line, RecordRejected("invalid_json", f"column {err.colno}: {err.msg}")
+                )
+
+
+def read_records(path: str | os.PathLike) -> Iterator[RawRecord]:
+    """Every record of one input file, in file order."""
+    path = Path(path)
+    if not path.exists():
+        raise InputFileError(f"{path}: input file does not exist")
+    if path.suffix == ".json":
+        return _read_json_list(path)
+    if path.suffix in (".jsonl", ".ndjson"):
+        return _read_jsonl(path)
+    raise InputFileError(f"{path}: unknown extension {path.suffix!r}; expected .json or .jsonl")
+
+
+def split_hash(record_id: str, seed: int) -> float:
+    """Uniform [0, 1) value of (seed, id): the split key, independent of the other records."""
+    digest = hashlib.sha256(f"{seed}\0{record_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def assign_splits(ids: list[str], eval_fraction: float, eval_max: int | None, seed: int) -> list[str]:
+    """'train' or 'eval' per id: eval iff its hash < eval_fraction, capped at the `eval_max` smallest."""
+    keys = [split_hash(i, seed) for i in ids]
+    candidates = [n for n, key in enumerate(keys) if key < eval_fraction]
+    if eval_max is not None and len(candidates) > eval_max:
+        candidates = sorted(candidates, key=lambda n: (keys[n], ids[n]))[:eval_max]
+    chosen = set(candidates)
+    return ["eval" if n in chosen else "train" for n in range(len(ids))]
+
+
+def truncate_record(record: Any) -> Any:
+    text = record if isinstance(record, str) else json.dumps(record, ensure_ascii=False)
+    if len(text) <= MAX_REJECT_RECORD_CHARS:
+        return record
+    return text[:MAX_REJECT_RECORD_CHARS] + f"...[truncated, {len(text)} chars]"
+
+
+def _write_jsonl(path: str | os.PathLike, rows: list[dict]) -> None:
+    with atomic_file(path) as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def prepare(
+    inputs: list[tuple[str, str]],
+    out_train: str,
+    out_eval: str,
+    out_rejects: str,
+    out_stats: str,
+    *,
+    eval_fraction: float,
+    eval_max: int | None,
+    seed: int,
+    max_conversations: int | None,
+) -> dict:
+    """Normalize, validate, dedup, cap and split `(path, format)` inputs; returns the stats dict."""
+    if not 0.0 <= eval_fraction <= 1.0:
+        raise ValueError(f"eval_fraction must be in [0, 1], got {eval_fraction}")
+    for name, value in (("eval_max", eval_max), ("max_conversations", max_conversations)):
+        if value is not None and value < 0:
+            raise ValueError(f"{name} must be >= 0 or None, got {value}")
+    for path, fmt in inputs:
+        if fmt not in FORMATS:
+            raise ValueError(f"{path}: unknown format {fmt!r}; expected one of {FORMATS}")
+
+    kept: list[dict] = []
+    rejects: list[dict] = []
+    by_reason: Counter[str] = Counter()
+    by_file: dict[str, Counter[str]] = {}
+    seen_ids: dict[str, str] = {}  # id -> source of the record that holds it
+    seen_content: dict[str, str] = {}  # content hash -> source
+    for path, fmt in inputs:
+        counts = by_file.setdefault(str(path), Counter(read=0, kept=0, rejected=0, over_cap=0))
+        for raw in read_records(path):
+            counts["read"] += 1
+            try:
+                if raw.error is not None:
+                    raise raw.error
+                conversation = normalize_record(raw.record, raw.source, fmt)
+                digest = content_hash(conversation["messages"], conversation["tools"])
+                if digest in seen_content:
+                    raise RecordRejected("duplicate", f"same messages and tools as {seen_content[digest]}")
+                if conversation["id"] in seen_ids:
+                    raise RecordRejected(
+                        "duplicate", f"id {conversation['id']!r} already at {seen_ids[conversation['id']]}"
+                    )
+            except RecordRejected as err:
+                counts["rejected"] += 1
+                by_reason[err.reason] += 1
+                rejects.append(
+                    {
+                        "source": raw.source,
+                        "reason": err.reason,
+                        "detail": err.detail,
+                        "record": truncate_record(raw.record),
+                    }
+                )
+                continue
+            seen_ids[conversation["id"]] = raw.source
+            seen_content[digest] = raw.source
+            if max_conversations is not None and len(kept) >= max_conversations:
+                counts["over_cap"] += 1
+                continue
+            counts["kept"] += 1
+            kept.append(conversation)
+
+    splits = assign_splits([c["id"] for c in kept], eval_fraction, eval_max, seed)
+    train = [c for c, s in zip(kept, splits, strict=True) if s == "train"]
+    evaluation = [c for c, s in zip(kept, splits, strict=True) if s == "eval"]
+    totals = Counter()
+    for counts in by_file.values():
+        totals.update(counts)
+    stats = {
+        "read": totals["read"],
+        "kept": totals["kept"],
+        "rejected": totals["rejected"],
+        "over_cap": totals["over_cap"],
+        "by_reason": dict(sorted(by_reason.items())),
+        "by_file": {path: dict(counts) for path, counts in by_file.items()},
+        "splits": {"train": len(train), "eval": len(evaluation)},
+    }
+    assert stats["read"] == stats["kept"] + stats["rejected"] + stats["over_cap"], stats
+
+    _write_jsonl(out_train, train)
+    _write_jsonl(out_eval, evaluation)
+    _write_jsonl(out_rejects, rejects)
+    with atomic_file(out_stats) as fh:
+        json.dump(stats, fh, indent=2)
+        fh.write("\n")
+    return stats
