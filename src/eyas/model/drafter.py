@@ -1,0 +1,460 @@
+"""The EAGLE-3 drafter: one Llama decoder layer over fused target taps (SGLang `LlamaForCausalLMEagle3`).
+
+Data flow for one drafting step (FACTS §1, SGLang `srt/models/llama_eagle3.py`):
+
+    h      = fc(cat(aux taps))             # step 0: [.., 3H] -> [.., H]; later steps: own hidden_out
+    x      = cat(input_layernorm(embed(id)), hidden_norm(h))   # [.., 2H]
+    h2     = attn(x) + h                   # residual is the un-normed h
+    out    = h2 + mlp(post_attention_layernorm(h2))
+    logits = lm_head(norm(out))            # over the DRAFT vocab D; draft id i is target id i + d2t[i]
+    hidden_out = out                       # fed back as h at the next step
+
+Training-time test (`ttt_forward`) unrolls `steps` such steps over a whole sequence at once with the
+tree-of-steps mask of docs/design.md; `forward_step` + `DrafterCache` is the serving-time chain and
+reproduces it exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from eyas.atomic import atomic_dir
+
+DRAFTER_FORMAT = "eyas.drafter/1"
+QUERY_CHUNK = 1024  # query rows per attention block in ttt_forward: bounds the [chunk, T] score matrix
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    """H: width of the target's residual stream (the drafter runs at the same width)."""
+    intermediate_size: int
+    """MLP width of the drafter's single decoder layer (the target's, by default)."""
+    num_attention_heads: int
+    """Query heads."""
+    num_key_value_heads: int
+    """Key/value heads (GQA: must divide num_attention_heads)."""
+    head_dim: int
+    """Per-head width; q/k/v project the 2H attention input to heads * head_dim."""
+    rms_norm_eps: float
+    """Epsilon of every RMSNorm."""
+    rope_theta: float
+    """RoPE base frequency (the target's)."""
+    max_position_embeddings: int
+    """Longest position the drafter is configured for (copied into the SGLang config)."""
+    vocab_size: int
+    """V: the target vocab (embedding rows, t2d length)."""
+    draft_vocab_size: int
+    """D: the draft vocab (lm_head rows, d2t length)."""
+    aux_layer_ids: list[int]
+    """Target taps in the drafter convention (output of 0-based layer v == HF hidden_states[v + 1])."""
+    hidden_act: str = "silu"
+    """MLP activation; only SiLU (Llama) is implemented."""
+    rope_scaling: dict | None = None
+    """RoPE scaling dict; only None / rope_type "default" is supported."""
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"DrafterConfig: num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.hidden_act != "silu":
+            raise ValueError(f"DrafterConfig: hidden_act={self.hidden_act!r} unsupported (only 'silu')")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            if kind != "default":
+                raise ValueError(
+                    f"DrafterConfig: rope_scaling {self.rope_scaling!r} unsupported (only default)"
+                )
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"DrafterConfig: draft_vocab_size={self.draft_vocab_size} not in "
+                f"[1, vocab_size={self.vocab_size}]"
+            )
+        if len(self.aux_layer_ids) != 3:
+            raise ValueError(
+                f"DrafterConfig: aux_layer_ids={self.aux_layer_ids} must hold 3 taps (fc is 3H -> H)"
+            )
+        self.aux_layer_ids = [int(i) for i in self.aux_layer_ids]
+
+    @classmethod
+    def from_target_config(
+        cls, target_config: dict, draft_vocab_size: int, aux_layer_ids: list[int]
+    ) -> DrafterConfig:
+        """Shape the drafter like the target from an HF Llama-style `config.json` dict."""
+        c = target_config
+        missing = [
+            k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if k not in c
+        ]
+        if missing:
+            raise ValueError(f"target config.json lacks field(s) {missing}")
+        # transformers 5 moves rope_theta / rope_scaling under rope_parameters.
+        rope = dict(c.get("rope_parameters") or {})
+        rope_theta = c.get("rope_theta", rope.pop("rope_theta", 10000.0))
+        rope_scaling = c.get("rope_scaling") or (rope if rope else None)
+        if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
+            rope_scaling = None
+        heads = int(c["num_attention_heads"])
+        return cls(
+            hidden_size=int(c["hidden_size"]),
+            intermediate_size=int(c["intermediate_size"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(c.get("num_key_value_heads") or heads),
+            head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
+            rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
+            vocab_size=int(c["vocab_size"]),
+            draft_vocab_size=int(draft_vocab_size),
+            aux_layer_ids=list(aux_layer_ids),
+            hidden_act=c.get("hidden_act", "silu"),
+            rope_scaling=rope_scaling,
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DrafterConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"DrafterConfig: unknown field(s) {unknown}")
+        return cls(**d)
+
+
+class DrafterCache:
+    """KV cache of the single decoder layer: post-RoPE keys/values of every position drafted so far."""
+
+    def __init__(self) -> None:
+        self.key: Tensor | None = None  # [B, nKV, S, hd]
+        self.value: Tensor | None = None  # [B, nKV, S, hd]
+
+    @property
+    def length(self) -> int:
+        return 0 if self.key is None else self.key.shape[2]
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` positions (drop rejected drafts)."""
+        if length < 0 or length > self.length:
+            raise ValueError(f"DrafterCache.crop({length}) outside [0, {self.length}]")
+        if self.key is not None:
+            self.key = self.key[:, :, :length]
+            self.value = self.value[:, :, :length]
+
+    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Append a block's [B, nKV, T, hd] keys/values; return the whole cache."""
+        if self.key is None:
+            self.key, self.value = key, value
+        else:
+            self.key = torch.cat([self.key, key], dim=2)
+            self.value = torch.cat([self.value, value], dim=2)
+        return self.key, self.value
+
+
+# --------------------------------------------------------------------------- pure helpers
+def rope_cos_sin(position_ids: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """Llama RoPE tables for `position_ids` [B, T] -> cos, sin [B, 1, T, hd] (fp32)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=position_ids.device).float() / head_dim)
+    freqs = position_ids.float()[..., None] * inv_freq  # [B, T, hd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [B, T, hd]
+    return emb.cos()[:, None], emb.sin()[:, None]
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [B, h, T, hd] rotated by position (HF Llama's rotate_half convention)."""
+    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+
+
+def repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """[B, nKV, S, hd] -> [B, nKV * groups, S, hd] (GQA: each KV head serves `groups` query heads)."""
+    if groups == 1:
+        return x
+    b, h, s, d = x.shape
+    return x[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
+
+
+def tree_attention(q: Tensor, k0: Tensor, v0: Tensor, k_diag: Tensor, v_diag: Tensor) -> Tensor:
+    """Attention of one TTT step under the tree-of-steps mask, without a [T, (k+1)T] mask.
+
+    q [B, h, T, hd] (step k's queries); k0/v0 [B, h, T, hd] (step-0 keys, attended causally);
+    k_diag/v_diag [B, h, T, k, hd] (steps 1..k at the SAME index, attended by that index only).
+    The causal block and the k diagonal scores share one softmax. Queries are processed in chunks so
+    the score matrix is at most [B, h, QUERY_CHUNK, T] (fp32).
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    t_len = q.shape[2]
+    outs = []
+    for lo in range(0, t_len, QUERY_CHUNK):
+        hi = min(t_len, lo + QUERY_CHUNK)
+        qc = q[:, :, lo:hi].float()  # [B, h, C, hd]
+        causal = qc @ k0[:, :, :hi].float().transpose(-1, -2) * scale  # [B, h, C, hi]
+        rows = torch.arange(lo, hi, device=q.device)[:, None]
+        causal = causal.masked_fill(torch.arange(hi, device=q.device)[None, :] > rows, float("-inf"))
+        diag = (qc[..., None, :] * k_diag[:, :, lo:hi].float()).sum(-1) * scale  # [B, h, C, k]
+        probs = torch.cat([causal, diag], dim=-1).softmax(-1)  # joint softmax over hi + k keys
+        out = probs[..., :hi] @ v0[:, :, :hi].float()  # [B, h, C, hd]
+        out = out + (probs[..., hi:, None] * v_diag[:, :, lo:hi].float()).sum(-2)
+        outs.append(out.to(q.dtype))
+    return torch.cat(outs, dim=2)
+
+
+# --------------------------------------------------------------------------- modules
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Llama GQA attention whose q/k/v read the 2H concat of normed embedding and normed hidden."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+
+    def qkv(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [B, T, 2H] -> post-RoPE q [B, nH, T, hd], k and v [B, nKV, T, hd]."""
+        b, t, _ = x.shape
+        c = self.cfg
+        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        cos, sin = rope_cos_sin(position_ids, c.head_dim, c.rope_theta)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def project_out(self, out: Tensor) -> Tensor:
+        """[B, nH, T, hd] -> [B, T, H]."""
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the token embedding
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the incoming hidden
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def attn_input(self, embeds: Tensor, hidden: Tensor) -> Tensor:
+        """[B, T, H] x2 -> [B, T, 2H]; embedding first, like SGLang."""
+        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+
+    def finish(self, attn_out: Tensor, residual: Tensor) -> Tensor:
+        """Residual + MLP after attention: [B, T, H] -> [B, T, H] (pre-final-norm)."""
+        h2 = attn_out + residual
+        return h2 + self.mlp(self.post_attention_layernorm(h2))
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)  # borrowed from the target, never trained
+        self.fc = nn.Linear(3 * c.hidden_size, c.hidden_size, bias=False)
+        self.layers = nn.ModuleList([DecoderLayer(c)])
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        # Identity mapping until set_vocab: draft id i == target id i.
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
+        t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+        t2d[: c.draft_vocab_size] = True
+        self.register_buffer("t2d", t2d)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+        nn.init.normal_(self.embed_tokens.weight, std=0.02)
+
+    # ----------------------------------------------------------------------- setup
+    def set_target_embedding(self, weight: Tensor) -> None:
+        c = self.config
+        if tuple(weight.shape) != (c.vocab_size, c.hidden_size):
+            raise ValueError(
+                f"target embedding has shape {tuple(weight.shape)}, expected {(c.vocab_size, c.hidden_size)}"
+            )
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(weight.to(self.embed_tokens.weight.dtype))
+        self.embed_tokens.weight.requires_grad_(False)
+
+    def set_vocab(self, d2t: Tensor, t2d: Tensor) -> None:
+        c = self.config
+        if tuple(d2t.shape) != (c.draft_vocab_size,) or tuple(t2d.shape) != (c.vocab_size,):
+            raise ValueError(
+                f"draft vocab shapes d2t {tuple(d2t.shape)}, t2d {tuple(t2d.shape)}; expected "
+                f"({c.draft_vocab_size},), ({c.vocab_size},)"
+            )
+        target_ids = torch.arange(c.draft_vocab_size) + d2t.cpu().long()
+        if int(t2d.sum()) != c.draft_vocab_size or not bool(t2d.cpu()[target_ids].all()):
+            raise ValueError(
+                "draft vocab: d2t and t2d disagree (t2d must be True exactly at arange(D) + d2t)"
+            )
+        self.d2t.copy_(d2t.long())
+        self.t2d.copy_(t2d.bool())
+
+    # ----------------------------------------------------------------------- forward
+    def combine_taps(self, aux: Tensor) -> Tensor:
+        """aux [B, T, 3H] (taps concatenated in aux_layer_ids order) -> [B, T, H]."""
+        return self.fc(aux)
+
+    def _logits(self, out: Tensor) -> Tensor:
+        return self.lm_head(self.norm(out))  # [B, T, D]
+
+    def forward_step(
+        self, hidden: Tensor, input_ids: Tensor, position_ids: Tensor, cache: DrafterCache | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """One drafting step for a block of T new positions.
+
+        hidden [B, T, H] (fc'd taps or the drafter's own hidden_out), input_ids [B, T], position_ids [B, T].
+        With a cache, this block's K/V are appended and queries see every cached position plus the
+        block causally; without one, attention is causal within the block.
+        Returns (logits [B, T, D] over the draft vocab, hidden_out [B, T, H]).
+        """
+        layer = self.layers[0]
+        attn = layer.self_attn
+        x = layer.attn_input(self.embed_tokens(input_ids), hidden)  # [B, T, 2H]
+        q, k, v = attn.qkv(x, position_ids)
+        past = 0
+        if cache is not None:
+            past = cache.length
+            k, v = cache.append(k, v)  # [B, nKV, S + T, hd]
+        t, s = q.shape[2], k.shape[2]
+        allowed = (
+            torch.arange(s, device=q.device)[None, :] <= torch.arange(t, device=q.device)[:, None] + past
+        )
+        groups = self.config.num_attention_heads // self.config.num_key_value_heads
+        out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=allowed)
+        out = layer.finish(attn.project_out(out), hidden)  # [B, T, H]
+        return self._logits(out), out
+
+    def ttt_forward(self, aux: Tensor, input_ids: Tensor, steps: int) -> list[Tensor]:
+        """Training-time test: `steps` chained drafting steps at every index of a right-padded batch.
+
+        aux [B, T, 3H], input_ids [B, T] (position t of row b is token t of its sample, positions
+        start at 0). Step k at index t embeds input_ids[t + 1 + k] (ids past the end are replaced by
+        id 0: those positions must carry no loss), sits at RoPE position t + k and predicts token
+        t + 2 + k. Right padding needs no mask: causal attention never lets a real position see a pad.
+        Returns per-step logits, each [B, T, D].
+        """
+        b, t = input_ids.shape
+        layer = self.layers[0]
+        attn = layer.self_attn
+        groups = self.config.num_attention_heads // self.config.num_key_value_heads
+        base_pos = torch.arange(t, device=input_ids.device).expand(b, t)  # [B, T]
+        pad = input_ids.new_zeros(b, steps + 1)
+        shifted_ids = torch.cat([input_ids, pad], dim=1)  # [B, T + steps + 1]
+        hidden = self.combine_taps(aux)  # [B, T, H]
+        k0 = v0 = None
+        k_diag: list[Tensor] = []  # step j >= 1 keys, each [B, nH, T, hd]
+        v_diag: list[Tensor] = []
+        step_logits = []
+        for k in range(steps):
+            ids = shifted_ids[:, 1 + k : 1 + k + t]  # [B, T]
+            x = layer.attn_input(self.embed_tokens(ids), hidden)  # [B, T, 2H]
+            q, key, value = attn.qkv(x, base_pos + k)
+            key, value = repeat_kv(key, groups), repeat_kv(value, groups)  # [B, nH, T, hd]
+            if k == 0:
+                k0, v0 = key, value
+                kd = key.new_zeros(*key.shape[:3], 0, key.shape[-1])  # [B, nH, T, 0, hd]
+                vd = kd
+            else:
+                k_diag.append(key)
+                v_diag.append(value)
+                kd, vd = torch.stack(k_diag, dim=3), torch.stack(v_diag, dim=3)  # [B, nH, T, k, hd]
+            if torch.is_grad_enabled():
+                # Recompute scores in backward so no step keeps its [T, T] fp32 probabilities alive.
+                out = checkpoint(tree_attention, q, k0, v0, kd, vd, use_reentrant=False)
+            else:
+                out = tree_attention(q, k0, v0, kd, vd)
+            hidden = layer.finish(attn.project_out(out), hidden)  # [B, T, H], fed to step k + 1
+            step_logits.append(self._logits(hidden))
+        return step_logits
+
+    def draft_to_target(self, draft_ids: Tensor) -> Tensor:
+        """Draft-vocab ids -> target-vocab ids."""
+        return draft_ids + self.d2t[draft_ids]
+
+    # ----------------------------------------------------------------------- I/O
+    def save_pretrained(self, out_dir: str | os.PathLike, extra_config: dict | None = None) -> None:
+        """Write `model.safetensors` (SGLang names + embed_tokens.weight) and `config.json`, atomically."""
+        config = {"format": DRAFTER_FORMAT, **self.config.to_dict()}
+        clash = sorted(set(extra_config or {}) & set(config))
+        if clash:
+            raise ValueError(f"extra_config may not override drafter config field(s) {clash}")
+        config.update(extra_config or {})
+        tensors = {name: t.detach().cpu().contiguous() for name, t in self.state_dict().items()}
+        with atomic_dir(out_dir) as tmp:
+            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": DRAFTER_FORMAT})
+            (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, map_location: str | torch.device = "cpu"
+    ) -> Eagle3Drafter:
+        path = Path(path)
+        config_path = path / "config.json"
+        if not config_path.exists():
+            raise FileNotFoundError(f"drafter: {config_path} does not exist")
+        raw = json.loads(config_path.read_text())
+        if raw.get("format") != DRAFTER_FORMAT:
+            raise ValueError(
+                f"{config_path}: field 'format' is {raw.get('format')!r}, expected {DRAFTER_FORMAT!r}"
+            )
+        names = {f.name for f in dataclasses.fields(DrafterConfig)}
+        model = cls(DrafterConfig.from_dict({k: v for k, v in raw.items() if k in names}))
+        state = load_file(str(path / "model.safetensors"), device=str(map_location))
+        result = model.load_state_dict(state, strict=False)
+        if result.missing_keys or result.unexpected_keys:
+            raise ValueError(
+                f"{path / 'model.safetensors'}: missing keys {result.missing_keys}, "
+                f"unexpected keys {result.unexpected_keys}"
+            )
+        model.embed_tokens.weight.requires_grad_(False)
+        return model.to(map_location)
+
+
+def read_drafter_config(path: str | os.PathLike) -> dict:
+    """The full config.json of a drafter dir (DrafterConfig fields + provenance)."""
+    return json.loads((Path(path) / "config.json").read_text())

@@ -1,0 +1,196 @@
+"""Streaming batches of whole samples over (token shard, hidden store) pairs.
+
+Token shards are small (5 bytes/token) and are read whole to plan batches; hidden states are read
+lazily, sample by sample, from zarr stores opened in the iterating thread (FACTS §2: open inside the
+worker). Batches are right-padded rows of single samples, so the drafter needs no attention mask.
+The plan of an epoch depends only on (seed, epoch): a resumed run skips batches without reading them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from eyas.provenance import sha256_array
+from eyas.store import HiddenStore, ProvenanceError, check_provenance, read_token_shard
+
+TOKEN_FIELDS = ("model_id", "tokenizer_hash", "chat_template_hash")  # provenance a token shard carries
+SORT_WINDOW = 64  # samples sorted by length together: less padding, order still random across windows
+MIN_LENGTH = 3  # a sample needs t + 2 < T for one loss position
+
+
+@dataclass
+class Batch:
+    aux: Tensor  # [B, T, K*H] float32
+    final: Tensor  # [B, T, H] float32
+    input_ids: Tensor  # [B, T] int64, 0 past each row's length
+    loss_mask: Tensor  # [B, T] int64
+    valid: Tensor  # [B, T] bool, True on real tokens
+    lengths: Tensor  # [B] int64
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(*(getattr(self, f).to(device, non_blocking=True) for f in self.__dataclass_fields__))
+
+
+class PairedLoader:
+    """Batches over paired stores; every pair is checked when the loader is built.
+
+    expected: provenance fields every hidden store must carry (`check_provenance`); the subset in
+    TOKEN_FIELDS is also checked on the token shards. Samples shorter than MIN_LENGTH or without a
+    trainable token at index >= 2 are skipped (they can carry no loss).
+    """
+
+    def __init__(
+        self,
+        token_shards: list[str],
+        hidden_stores: list[str],
+        token_budget: int,
+        seed: int,
+        expected: dict,
+        prefetch: int = 2,
+    ):
+        if len(token_shards) != len(hidden_stores):
+            raise ValueError(f"{len(token_shards)} token shards but {len(hidden_stores)} hidden stores")
+        if token_budget < MIN_LENGTH:
+            raise ValueError(f"token_budget={token_budget} is too small")
+        self.hidden_paths = list(hidden_stores)
+        self.token_budget = token_budget
+        self.seed = seed
+        self.prefetch = prefetch
+        self.tokens = []  # per pair: (input_ids, loss_mask, offsets) numpy
+        samples = []  # (pair, sample, length)
+        self.store_attrs: list[dict] = []
+        for pair, (tok_path, hid_path) in enumerate(zip(token_shards, hidden_stores, strict=True)):
+            shard = read_token_shard(tok_path)
+            store = HiddenStore(hid_path)
+            check_pair(shard, store, tok_path, hid_path, expected)
+            self.store_attrs.append(store.attrs)
+            self.tokens.append((shard.input_ids, shard.loss_mask, shard.sample_offsets))
+            for s in range(shard.num_samples):
+                lo, hi = int(shard.sample_offsets[s]), int(shard.sample_offsets[s + 1])
+                if hi - lo >= MIN_LENGTH and shard.loss_mask[lo + 2 : hi].any():
+                    samples.append((pair, s, hi - lo))
+        self.samples = np.array(samples, dtype=np.int64).reshape(-1, 3)
+        if not len(self.samples):
+            raise ValueError(f"no trainable samples in {len(token_shards)} token shard(s)")
+
+    # ----------------------------------------------------------------------- planning
+    def plan(self, epoch: int) -> list[np.ndarray]:
+        """Batches of row indices into `self.samples` for `epoch` (deterministic in seed, epoch)."""
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(len(self.samples))
+        batches: list[np.ndarray] = []
+        for lo in range(0, len(order), SORT_WINDOW):
+            window = order[lo : lo + SORT_WINDOW]
+            window = window[np.argsort(self.samples[window, 2], kind="stable")]
+            batch: list[int] = []
+            longest = 0
+            for idx in window:
+                length = int(self.samples[idx, 2])
+                # Padded size is rows * longest; a sample over the budget gets a batch of its own.
+                if batch and (len(batch) + 1) * max(longest, length) > self.token_budget:
+                    batches.append(np.array(batch))
+                    batch, longest = [], 0
+                batch.append(int(idx))
+                longest = max(longest, length)
+            if batch:
+                batches.append(np.array(batch))
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+    def num_batches(self, epoch: int) -> int:
+        return len(self.plan(epoch))
+
+    # ----------------------------------------------------------------------- reading
+    def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
+        """Batches of `epoch`, after skipping its first `skip` (read ahead in a background thread)."""
+        plan = self.plan(epoch)[skip:]
+        if self.prefetch <= 0:
+            stores: dict[int, HiddenStore] = {}
+            for rows in plan:
+                yield self._read(rows, stores)
+            return
+        yield from _prefetched(self, plan, self.prefetch)
+
+    def _read(self, rows: np.ndarray, stores: dict[int, HiddenStore]) -> Batch:
+        picks = self.samples[rows]
+        t_max = int(picks[:, 2].max())
+        b = len(picks)
+        first = self._store(int(picks[0, 0]), stores)
+        width_aux, width_final = first.aux.shape[1], first.final.shape[1]
+        aux = torch.zeros(b, t_max, width_aux)
+        final = torch.zeros(b, t_max, width_final)
+        ids = torch.zeros(b, t_max, dtype=torch.int64)
+        mask = torch.zeros(b, t_max, dtype=torch.int64)
+        for row, (pair, s, length) in enumerate(picks.tolist()):
+            a, f = self._store(pair, stores).sample(s)  # bf16 [T, K*H], [T, H]
+            aux[row, :length] = a.float()
+            final[row, :length] = f.float()
+            input_ids, loss_mask, offsets = self.tokens[pair]
+            lo = int(offsets[s])
+            ids[row, :length] = torch.from_numpy(input_ids[lo : lo + length].astype(np.int64))
+            mask[row, :length] = torch.from_numpy(loss_mask[lo : lo + length].astype(np.int64))
+        lengths = torch.as_tensor(picks[:, 2])
+        valid = torch.arange(t_max)[None, :] < lengths[:, None]
+        return Batch(aux, final, ids, mask, valid, lengths)
+
+    def _store(self, pair: int, stores: dict[int, HiddenStore]) -> HiddenStore:
+        if pair not in stores:
+            stores[pair] = HiddenStore(self.hidden_paths[pair])
+        return stores[pair]
+
+
+def check_pair(shard, store: HiddenStore, tok_path: str, hid_path: str, expected: dict) -> None:
+    """Refuse a hidden store that was not extracted from this token shard with the expected setup."""
+    if not np.array_equal(shard.sample_offsets, store.sample_offsets):
+        raise ProvenanceError(f"{hid_path}: sample_offsets differ from those of token shard {tok_path}")
+    checksum = sha256_array(shard.input_ids)
+    if store.attrs.get("tokens_checksum") != checksum:
+        raise ProvenanceError(
+            f"{hid_path}: provenance field 'tokens_checksum' is {store.attrs.get('tokens_checksum')!r}, "
+            f"expected {checksum!r} (sha256 of {tok_path} input_ids)"
+        )
+    check_provenance(store.attrs, expected, hid_path)
+    check_provenance(shard.attrs, {k: v for k, v in expected.items() if k in TOKEN_FIELDS}, tok_path)
+
+
+def _prefetched(loader: PairedLoader, plan: list[np.ndarray], depth: int) -> Iterator[Batch]:
+    """Read batches in one background thread (zarr/Blosc decoding overlaps the training step)."""
+    out: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def work() -> None:
+        stores: dict[int, HiddenStore] = {}  # opened in this thread, as FACTS §2 advises
+        try:
+            for rows in plan:
+                if stop.is_set():
+                    return
+                out.put(loader._read(rows, stores))
+            out.put(done)
+        except BaseException as exc:  # hand the error to the consumer
+            out.put(exc)
+
+    thread = threading.Thread(target=work, daemon=True, name="eyas-loader")
+    thread.start()
+    try:
+        while (item := out.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a put() waiting on a full queue
+            try:
+                out.get_nowait()
+            except queue.Empty:
+                thread.join(timeout=0.05)

@@ -1,0 +1,85 @@
+"""SGLang export: exact keys, shapes, dtypes, bf16-rounded values, config fields, validation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eyas.export import expected_tensors, export_sglang, sglang_tensors, validate_tensors
+from eyas.model.drafter import DrafterConfig, Eagle3Drafter
+
+
+@pytest.fixture()
+def drafter_dir(tmp_path):
+    cfg = DrafterConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-5,
+        rope_theta=1e5,
+        max_position_embeddings=512,
+        vocab_size=100,
+        draft_vocab_size=40,
+        aux_layer_ids=[1, 14, 26],
+    )
+    torch.manual_seed(0)
+    model = Eagle3Drafter(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    d2t = torch.zeros(40, dtype=torch.int64)
+    d2t[10:] = 30
+    t2d = torch.zeros(100, dtype=torch.bool)
+    t2d[torch.arange(40) + d2t] = True
+    model.set_vocab(d2t, t2d)
+    model.save_pretrained(tmp_path / "drafter", extra_config={"model_hash": "m", "layer_ids": [1, 14, 26]})
+    return tmp_path / "drafter", model
+
+
+def test_export_keys_shapes_values(drafter_dir, tmp_path):
+    src, model = drafter_dir
+    summary = export_sglang(src, tmp_path / "sglang")
+    weights = load_file(str(tmp_path / "sglang" / "model.safetensors"))
+    want = expected_tensors(model.config)
+    assert set(weights) == set(want) and "embed_tokens.weight" not in weights
+    assert summary["keys"] == 15
+    state = model.state_dict()
+    for key, (shape, dtype) in want.items():
+        assert tuple(weights[key].shape) == shape and weights[key].dtype == dtype, key
+        assert torch.equal(weights[key], state[key].to(dtype)), key  # bf16-rounded copy of the drafter's
+    assert weights["d2t"][10].item() == 30 and int(weights["t2d"].sum()) == 40
+
+    cfg = json.loads((tmp_path / "sglang" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
+    assert cfg["num_hidden_layers"] == 1 and cfg["vocab_size"] == 100 and cfg["draft_vocab_size"] == 40
+    assert cfg["eagle_config"] == {
+        "eagle_aux_hidden_state_layer_ids": [1, 14, 26],
+        "use_aux_hidden_state": True,
+    }
+    assert cfg["tie_word_embeddings"] is False and cfg["torch_dtype"] == "bfloat16"
+    assert cfg["rope_theta"] == 1e5 and cfg["head_dim"] == 8 and cfg["num_key_value_heads"] == 2
+    assert cfg["eyas_provenance"]["model_hash"] == "m"
+
+
+def test_validation_names_the_key(drafter_dir):
+    _, model = drafter_dir
+    tensors = sglang_tensors(model)
+    validate_tensors(tensors, model.config)
+    renamed = dict(tensors)
+    renamed["midlayer.hidden_norm.weight"] = renamed.pop("layers.0.hidden_norm.weight")
+    with pytest.raises(ValueError, match="layers.0.hidden_norm.weight' missing"):
+        validate_tensors(renamed, model.config)
+    extra = {**tensors, "embed_tokens.weight": torch.zeros(100, 32, dtype=torch.bfloat16)}
+    with pytest.raises(ValueError, match="unexpected key 'embed_tokens.weight'"):
+        validate_tensors(extra, model.config)
+    wrong = {**tensors, "lm_head.weight": torch.zeros(41, 32, dtype=torch.bfloat16)}
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        validate_tensors(wrong, model.config)
+    wrong_dtype = {**tensors, "d2t": tensors["d2t"].int()}
+    with pytest.raises(ValueError, match="'d2t'"):
+        validate_tensors(wrong_dtype, model.config)
