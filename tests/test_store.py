@@ -1,0 +1,113 @@
+"""Zarr round trips of token shards and hidden stores; atomicity; provenance checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from eyas.store import (
+    HiddenStore,
+    ProvenanceError,
+    bf16_to_uint16,
+    check_provenance,
+    hidden_store_writer,
+    read_token_shard,
+    uint16_to_bf16,
+    write_token_shard,
+)
+
+
+def _samples(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.integers(0, 49152, n).astype(np.int32), rng.integers(0, 2, n).astype(np.uint8)) for n in lengths
+    ]
+
+
+def test_token_shard_round_trip(tmp_path):
+    samples = _samples([5, 300, 1, 77])
+    write_token_shard(tmp_path / "s.zarr", samples, ["a", "b", "c", "d"], {"split": "train", "shard": 0})
+    shard = read_token_shard(tmp_path / "s.zarr")
+    assert shard.num_samples == 4
+    assert shard.sample_offsets.tolist() == [0, 5, 305, 306, 383]
+    assert shard.attrs["sample_ids"] == ["a", "b", "c", "d"]
+    assert shard.attrs["num_tokens"] == 383 and shard.attrs["split"] == "train"
+    for i, (ids, mask) in enumerate(samples):
+        got_ids, got_mask = shard.sample(i)
+        assert got_ids.dtype == np.int32 and got_mask.dtype == np.uint8
+        np.testing.assert_array_equal(got_ids, ids)
+        np.testing.assert_array_equal(got_mask, mask)
+
+
+def test_empty_token_shard(tmp_path):
+    write_token_shard(tmp_path / "e.zarr", [], [], {})
+    shard = read_token_shard(tmp_path / "e.zarr")
+    assert shard.num_samples == 0 and shard.sample_offsets.tolist() == [0]
+
+
+def test_bf16_view_round_trip_is_exact():
+    x = torch.randn(1000, dtype=torch.float32) * 100
+    bits = bf16_to_uint16(x)
+    assert bits.dtype == np.uint16
+    assert torch.equal(uint16_to_bf16(bits), x.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3], [3, 1, 0, 2]])
+def test_hidden_store_round_trip_any_write_order(tmp_path, order):
+    lengths, hidden, taps = [40, 3, 100, 17], 8, 3
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    aux = torch.randn(offsets[-1], taps * hidden)
+    final = torch.randn(offsets[-1], hidden)
+    with hidden_store_writer(tmp_path / "h.zarr", offsets, hidden, taps, {"model_id": "m"}, chunk_tokens=16) as w:
+        for i in order:
+            lo, hi = offsets[i], offsets[i + 1]
+            w.write_sample(i, bf16_to_uint16(aux[lo:hi]), bf16_to_uint16(final[lo:hi]))
+        assert w.pending_chunks == 0
+    store = HiddenStore(tmp_path / "h.zarr")
+    assert store.attrs["num_tokens"] == 160 and store.attrs["dtype"] == "bfloat16"
+    assert store.aux.chunks == (16, taps * hidden)
+    for i in range(len(lengths)):
+        got_aux, got_final = store.sample(i)
+        lo, hi = offsets[i], offsets[i + 1]
+        assert torch.equal(got_aux, aux[lo:hi].bfloat16())
+        assert torch.equal(got_final, final[lo:hi].bfloat16())
+
+
+def test_incomplete_hidden_store_never_appears(tmp_path):
+    offsets = np.array([0, 10, 20])
+    with pytest.raises(RuntimeError, match="1 samples never written"):
+        with hidden_store_writer(tmp_path / "h.zarr", offsets, 4, 3, {}) as w:
+            w.write_sample(0, np.zeros((10, 12), np.uint16), np.zeros((10, 4), np.uint16))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_writer_rejects_wrong_shapes_and_double_writes(tmp_path):
+    offsets = np.array([0, 10])
+    with pytest.raises(ValueError, match="expected"):
+        with hidden_store_writer(tmp_path / "h.zarr", offsets, 4, 3, {}) as w:
+            w.write_sample(0, np.zeros((9, 12), np.uint16), np.zeros((9, 4), np.uint16))
+    with pytest.raises(ValueError, match="written twice"):
+        with hidden_store_writer(tmp_path / "h.zarr", offsets, 4, 3, {}) as w:
+            w.write_sample(0, np.zeros((10, 12), np.uint16), np.zeros((10, 4), np.uint16))
+            w.write_sample(0, np.zeros((10, 12), np.uint16), np.zeros((10, 4), np.uint16))
+    assert not (tmp_path / "h.zarr").exists()
+
+
+def test_compression_is_lossless_on_real_shaped_values(tmp_path):
+    # Hidden-state-like values: per-channel scales spanning orders of magnitude (outlier channels).
+    rng = np.random.default_rng(0)
+    scales = np.exp(rng.normal(0, 1.5, 64)).astype(np.float32)
+    values = torch.from_numpy(rng.standard_normal((512, 64)).astype(np.float32) * scales)
+    offsets = np.array([0, 512])
+    with hidden_store_writer(tmp_path / "h.zarr", offsets, 64, 1, {}) as w:
+        w.write_sample(0, bf16_to_uint16(values), bf16_to_uint16(values))
+    got_aux, _ = HiddenStore(tmp_path / "h.zarr").sample(0)
+    assert torch.equal(got_aux, values.bfloat16())
+
+
+def test_check_provenance_names_the_field():
+    attrs = {"model_id": "a", "layer_ids": [1, 14, 26]}
+    check_provenance(attrs, {"model_id": "a", "layer_ids": (1, 14, 26)}, "store")
+    with pytest.raises(ProvenanceError, match="'layer_ids'"):
+        check_provenance(attrs, {"model_id": "a", "layer_ids": [2, 15, 27]}, "store")
