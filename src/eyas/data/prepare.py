@@ -6,7 +6,9 @@ does not parse is a hard error naming the file, line and column, since it cannot
 records; a bad JSONL line is only that record's reject (`invalid_json` / `invalid_encoding`).
 
 Order of decisions per record: parse -> normalize + validate (`eyas.data.formats`) -> duplicate check
--> `max_conversations` cap. Records valid but beyond the cap count as `over_cap`, so
+-> `max_conversations` cap. The cap keeps a deterministic random sample across all inputs (the
+records of smallest `split_hash("cap:" + id, seed)`, in input order), so a small cap still sees every
+input file. Records valid but beyond the cap count as `over_cap`, so
 `read == kept + rejected + over_cap`. The train/eval split hashes `(seed, id)`, so a record's split
 does not change when other records are added (except through the `eval_max` cap, which keeps the
 eval candidates of smallest hash).
@@ -114,6 +116,14 @@ def assign_splits(ids: list[str], eval_fraction: float, eval_max: int | None, se
     return ["eval" if n in chosen else "train" for n in range(len(ids))]
 
 
+def _cap_sample(ids: list[str], cap: int | None, seed: int) -> set[int]:
+    """Indices of the `cap` records kept: smallest cap-hash, independent of the split hash."""
+    if cap is None or cap >= len(ids):
+        return set(range(len(ids)))
+    order = sorted(range(len(ids)), key=lambda i: (split_hash("cap:" + ids[i], seed), i))
+    return set(order[:cap])
+
+
 def truncate_record(record: Any) -> Any:
     text = record if isinstance(record, str) else json.dumps(record, ensure_ascii=False)
     if len(text) <= MAX_REJECT_RECORD_CHARS:
@@ -149,6 +159,7 @@ def prepare(
         if fmt not in FORMATS:
             raise ValueError(f"{path}: unknown format {fmt!r}; expected one of {FORMATS}")
 
+    valid: list[tuple[dict, Counter[str]]] = []
     kept: list[dict] = []
     rejects: list[dict] = []
     by_reason: Counter[str] = Counter()
@@ -184,11 +195,15 @@ def prepare(
                 continue
             seen_ids[conversation["id"]] = raw.source
             seen_content[digest] = raw.source
-            if max_conversations is not None and len(kept) >= max_conversations:
-                counts["over_cap"] += 1
-                continue
+            valid.append((conversation, counts))
+
+    chosen = _cap_sample([c["id"] for c, _ in valid], max_conversations, seed)
+    for index, (conversation, counts) in enumerate(valid):
+        if index in chosen:
             counts["kept"] += 1
             kept.append(conversation)
+        else:
+            counts["over_cap"] += 1
 
     splits = assign_splits([c["id"] for c in kept], eval_fraction, eval_max, seed)
     train = [c for c, s in zip(kept, splits, strict=True) if s == "train"]

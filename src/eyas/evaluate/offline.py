@@ -1,0 +1,108 @@
+"""Offline drafter metrics on held-out hidden stores: per-step and conditional accuracy, simulated tau.
+
+The drafter runs its training-time test (`ttt_forward`, no grad) over whole held-out samples and the
+metrics come from the training loss module (`eyas.train.loss.ttt_loss`), so offline numbers use exactly
+the alignment, masks and teacher of training. Per-batch metrics are re-weighted by their position
+counts, so the totals do not depend on how samples were batched.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from eyas.store import ProvenanceError
+from eyas.target import load_embed_and_head
+from eyas.train.loader import PairedLoader
+from eyas.train.loss import simulated_tau, teacher_from_final, ttt_loss
+
+DEFAULT_TOKEN_BUDGET = 1024  # padded tokens per batch: step logits are [B, T, D] fp32 for every step
+
+
+def _check_drafter_matches(drafter, store_attrs: list[dict], hidden_stores: list[str]) -> None:
+    """The drafter must read the taps these stores hold, at the width they hold."""
+    config = drafter.config
+    for attrs, path in zip(store_attrs, hidden_stores, strict=True):
+        for name, want in (("layer_ids", list(config.aux_layer_ids)), ("hidden_size", config.hidden_size)):
+            have = attrs.get(name)
+            if have != want:
+                raise ProvenanceError(
+                    f"{path}: provenance field {name!r} is {have!r}, but the drafter was built for {want!r}"
+                )
+
+
+def _ratio(num: float, den: int) -> float | None:
+    return num / den if den else None
+
+
+@torch.no_grad()
+def evaluate_offline(
+    drafter,
+    token_shards: list[str],
+    hidden_stores: list[str],
+    model_dir: str | os.PathLike,
+    *,
+    ttt_steps: int,
+    expected_provenance: dict,
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
+    device: str = "cpu",
+) -> dict:
+    """Metrics of `drafter` over held-out (token shard, hidden store) pairs.
+
+    Returns per-step lists (index k = TTT step k): `count` (loss-carrying positions), `accuracy`
+    (drafter argmax == teacher argmax), `cond_count` / `conditional_accuracy` (among positions whose
+    earlier steps were all correct), `loss` (mean soft-CE), plus `simulated_tau` = 1 + sum_k prod_{j<=k}
+    conditional_accuracy_j, and sample/token counts. A step without positions reports None (and
+    contributes 0 to tau). The stores are checked against `expected_provenance` and the drafter's taps.
+    """
+    if ttt_steps < 1:
+        raise ValueError(f"ttt_steps={ttt_steps} must be >= 1")
+    loader = PairedLoader(token_shards, hidden_stores, token_budget, seed=0, expected=expected_provenance)
+    _check_drafter_matches(drafter, loader.store_attrs, hidden_stores)
+    drafter = drafter.to(device).eval()
+    dtype = next(p for p in drafter.parameters() if p.is_floating_point()).dtype
+    _, head = load_embed_and_head(model_dir)  # [V, H] target lm_head: the teacher
+    head = head.to(device, torch.float32)
+    draft_target_ids = torch.arange(len(drafter.d2t), device=device) + drafter.d2t.to(device)  # [D]
+    t2d = drafter.t2d.to(device)  # [V] bool
+
+    sums = {name: [0.0] * ttt_steps for name in ("count", "correct", "cond_count", "cond_correct", "loss")}
+    tokens, batches = 0, 0
+    start = time.perf_counter()
+    for batch in loader.epoch(0):
+        batch = batch.to(device)
+        step_logits = drafter.ttt_forward(
+            batch.aux.to(dtype), batch.input_ids, ttt_steps
+        )  # steps x [B, T, D]
+        teacher, in_vocab = teacher_from_final(batch.final, head, draft_target_ids, t2d)
+        _, metrics = ttt_loss(step_logits, teacher, in_vocab, batch.loss_mask, batch.valid)
+        for k in range(ttt_steps):
+            count, cond_count = metrics["count"][k], metrics["cond_count"][k]
+            sums["count"][k] += count
+            sums["correct"][k] += metrics["acc"][k] * count
+            sums["cond_count"][k] += cond_count
+            sums["cond_correct"][k] += metrics["cond_acc"][k] * cond_count
+            sums["loss"][k] += metrics["loss"][k] * count
+        tokens += batch.num_tokens
+        batches += 1
+    count = [int(c) for c in sums["count"]]
+    cond_count = [int(c) for c in sums["cond_count"]]
+    # Counts are integers, correct sums are integers up to float rounding of acc * count.
+    accuracy = [_ratio(round(c), n) for c, n in zip(sums["correct"], count, strict=True)]
+    conditional = [_ratio(round(c), n) for c, n in zip(sums["cond_correct"], cond_count, strict=True)]
+    loss = [_ratio(s, n) for s, n in zip(sums["loss"], count, strict=True)]
+    return {
+        "ttt_steps": ttt_steps,
+        "num_samples": len(loader.samples),
+        "num_tokens": tokens,
+        "num_batches": batches,
+        "count": count,
+        "accuracy": accuracy,
+        "cond_count": cond_count,
+        "conditional_accuracy": conditional,
+        "loss": loss,
+        "simulated_tau": simulated_tau([a or 0.0 for a in conditional]),
+        "seconds": time.perf_counter() - start,
+    }

@@ -1,0 +1,408 @@
+"""Real speculative decoding at batch size 1: an HF target verifies chains drafted by an EAGLE-3 drafter.
+
+One round, with committed tokens s_0 .. s_m where the target's KV cache holds s_0 .. s_{m-1} and the
+drafter's cache holds indices 0 .. m-1, each pairing the target's aux taps at t with token t+1:
+
+1. draft: the drafter's output at index m-1 gives d_1; k-1 chained steps feed back its own hidden_out,
+   the previous draft's id and position +1 (docs/design.md alignment, SGLang chain drafting);
+2. verify: one target forward over [s_m, d_1 .. d_k] yields greedy tokens g_0 .. g_k; accept the longest
+   prefix d_1 .. d_a with d_i == g_{i-1}, plus the bonus g_a;
+3. roll back: crop the target cache to s_0 .. s_m, d_1 .. d_a; crop the drafter cache to its
+   target-state entries (its chained drafts are dropped) and extend it with the target aux of
+   s_m, d_1 .. d_a paired with the next tokens d_1 .. d_a, g_a (SGLang's draft-extend). That extend's
+   last output is the next round's d_1.
+
+The prompt's prefill is round zero: the target prefill gives x_n, the drafter prefill over indices
+0 .. n-1 (aux of x_t with id x_{t+1}) gives d_1. Greedy verification makes the output identical to
+plain greedy decoding whatever the drafter proposes; `evaluate_specdec` checks exactly that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from eyas.model.drafter import DrafterCache
+from eyas.target import load_target
+
+
+# --------------------------------------------------------------------------- pure helpers
+def accept_length(drafts: list[int], target_greedy: list[int]) -> int:
+    """Length of the longest prefix of `drafts` equal to the target's greedy tokens at those positions."""
+    a = 0
+    while a < len(drafts) and a < len(target_greedy) and drafts[a] == target_greedy[a]:
+        a += 1
+    return a
+
+
+def clip_at_stop(tokens: list[int], remaining: int, eos_token_ids: set[int]) -> tuple[list[int], bool]:
+    """Keep at most `remaining` tokens and stop after the first eos (kept, like HF generate).
+
+    Returns (kept tokens, whether generation is finished).
+    """
+    kept: list[int] = []
+    for token in tokens[:remaining]:
+        kept.append(token)
+        if token in eos_token_ids:
+            return kept, True
+    return kept, len(kept) >= remaining
+
+
+@dataclass
+class SpecStats:
+    """What one speculative generation did.
+
+    tau = tokens emitted by verify passes / verify passes. Both the target prefill and its token x_n
+    are EXCLUDED: a pass that accepts every one of k drafts emits k + 1 tokens, so tau == k + 1 exactly
+    (up to the last pass, which eos or max_new_tokens may cut short). tau is None without a verify pass.
+    """
+
+    num_draft_tokens: int
+    generated: int = 0  # all new tokens, x_n of the prefill included
+    verify_passes: int = 0  # target forwards over [s_m, d_1 .. d_k]; the prefill is not one
+    drafted_per_pass: list[int] = field(default_factory=list)  # k, or fewer when the budget ends
+    accepted_per_pass: list[int] = field(default_factory=list)  # drafts equal to the target's greedy
+    wall_seconds: float = 0.0
+
+    @property
+    def tau(self) -> float | None:
+        return (self.generated - 1) / self.verify_passes if self.verify_passes else None
+
+    @property
+    def position_attempted(self) -> list[int]:
+        """[k]: passes in which draft position i (0-based) was proposed."""
+        return [sum(d > i for d in self.drafted_per_pass) for i in range(self.num_draft_tokens)]
+
+    @property
+    def position_reached(self) -> list[int]:
+        """[k]: passes in which position i was proposed and drafts 0 .. i-1 were all accepted."""
+        pairs = list(zip(self.drafted_per_pass, self.accepted_per_pass, strict=True))
+        return [sum(d > i and a >= i for d, a in pairs) for i in range(self.num_draft_tokens)]
+
+    @property
+    def position_accepted(self) -> list[int]:
+        """[k]: passes in which drafts 0 .. i were all accepted."""
+        return [sum(a > i for a in self.accepted_per_pass) for i in range(self.num_draft_tokens)]
+
+    def to_dict(self) -> dict:
+        return {
+            "num_draft_tokens": self.num_draft_tokens,
+            "generated": self.generated,
+            "verify_passes": self.verify_passes,
+            "tau": self.tau,
+            "drafted_per_pass": list(self.drafted_per_pass),
+            "accepted_per_pass": list(self.accepted_per_pass),
+            "position_attempted": self.position_attempted,
+            "position_reached": self.position_reached,
+            "position_accepted": self.position_accepted,
+            "wall_seconds": self.wall_seconds,
+        }
+
+
+# --------------------------------------------------------------------------- target plumbing
+class TapCapture:
+    """Forward hooks on `model.model.layers[v]`: drafter tap v is the OUTPUT of decoder layer v
+    (HF hidden_states[v + 1]); `take()` returns the last forward's taps concatenated [1, T, K*H]."""
+
+    def __init__(self, target, layer_ids: list[int]):
+        layers = target.model.layers
+        bad = [v for v in layer_ids if not 0 <= v < len(layers)]
+        if bad:
+            raise ValueError(f"aux_layer_ids {bad} outside the target's {len(layers)} decoder layers")
+        self.layer_ids = list(layer_ids)
+        self._out: dict[int, Tensor] = {}
+        self._handles = [layers[v].register_forward_hook(self._hook(i)) for i, v in enumerate(layer_ids)]
+
+    def _hook(self, slot: int):
+        def hook(module, args, output):
+            self._out[slot] = output[0] if isinstance(output, tuple) else output  # [1, T, H]
+
+        return hook
+
+    def take(self) -> Tensor:
+        if len(self._out) != len(self.layer_ids):
+            raise RuntimeError(f"captured {len(self._out)} of {len(self.layer_ids)} taps (no forward ran?)")
+        taps = torch.cat([self._out[i] for i in range(len(self.layer_ids))], dim=-1)  # [1, T, K*H]
+        self._out.clear()
+        return taps
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def capture_taps(target, layer_ids: list[int]) -> Iterator[TapCapture]:
+    capture = TapCapture(target, layer_ids)
+    try:
+        yield capture
+    finally:
+        capture.remove()
+
+
+_CACHE_KWARG: dict[type, str] = {}
+
+
+def _cache_kwarg(target) -> str:
+    # Recent transformers 5.x call it `cache` (deprecating `past_key_values`); earlier 5.x know the latter.
+    kind = type(target)
+    if kind not in _CACHE_KWARG:
+        names = inspect.signature(target.forward).parameters
+        _CACHE_KWARG[kind] = "cache" if "cache" in names else "past_key_values"
+    return _CACHE_KWARG[kind]
+
+
+def _new_target_cache(target):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=target.config)
+
+
+def _crop_target_cache(cache, length: int) -> None:
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)  # a negative argument removes that many tokens in every transformers 5.x
+
+
+def _target_forward(target, cache, ids: list[int], last_only: bool = False) -> Tensor:
+    """Run `ids` after the cached prefix; returns logits [T, V] (or [1, V] with last_only)."""
+    device = next(target.parameters()).device
+    input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T]
+    past = cache.get_seq_length()
+    position_ids = torch.arange(past, past + len(ids), device=device)[None]  # [1, T]
+    out = target(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        use_cache=True,
+        logits_to_keep=1 if last_only else 0,
+        **{_cache_kwarg(target): cache},
+    )
+    return out.logits[0]
+
+
+def _check_lengths(target, prompt_ids: list[int], max_new_tokens: int, margin: int = 0) -> None:
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty: speculative decoding needs at least one prompt token")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens} is negative")
+    limit = getattr(target.config, "max_position_embeddings", None)
+    if limit is not None and len(prompt_ids) + max_new_tokens + margin > limit:
+        raise ValueError(
+            f"prompt of {len(prompt_ids)} tokens + max_new_tokens={max_new_tokens} (+{margin} drafts) "
+            f"exceeds the target's max_position_embeddings={limit}"
+        )
+
+
+# --------------------------------------------------------------------------- decoding
+@torch.inference_mode()
+def greedy_generate(target, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: set[int]) -> list[int]:
+    """Plain greedy decoding with a KV cache, one token per forward: the reference output.
+
+    Stops after `max_new_tokens` tokens or after the first eos token (which is kept).
+    """
+    _check_lengths(target, prompt_ids, max_new_tokens)
+    out: list[int] = []
+    if max_new_tokens == 0:
+        return out
+    cache = _new_target_cache(target)
+    logits = _target_forward(target, cache, list(prompt_ids), last_only=True)  # [1, V]
+    while True:
+        token = int(logits[-1].argmax())
+        out.append(token)
+        if token in eos_token_ids or len(out) >= max_new_tokens:
+            return out
+        logits = _target_forward(target, cache, [token])
+
+
+def _draft_chain(drafter, logits: Tensor, hidden_out: Tensor, position: int, k: int, cache) -> list[int]:
+    """k drafts: d_1 from the extend's last `logits` [D]; each further step feeds back `hidden_out`
+    [1, 1, H] of the previous step and that step's draft id, one RoPE position further on."""
+    token = drafter.draft_to_target(logits.argmax(-1, keepdim=True))  # [1] target id
+    drafts = [int(token)]
+    for _ in range(k - 1):
+        position += 1
+        step_logits, hidden_out = drafter.forward_step(
+            hidden_out, token.view(1, 1), torch.tensor([[position]], device=token.device), cache
+        )  # [1, 1, D], [1, 1, H]
+        hidden_out = hidden_out[:, -1:]
+        token = drafter.draft_to_target(step_logits[0, -1].argmax(-1, keepdim=True))
+        drafts.append(int(token))
+    return drafts
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target,
+    drafter,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    num_draft_tokens: int,
+    eos_token_ids: set[int],
+    aux_layer_ids: list[int],
+) -> tuple[list[int], SpecStats]:
+    """Greedy speculative decoding (chain of `num_draft_tokens` drafts per verify pass).
+
+    The output equals `greedy_generate`'s token for token (up to floating-point differences between
+    the target's one-token and multi-token forwards). Near the token budget fewer drafts are proposed
+    (at most max_new_tokens - generated - 1), so no draft is attempted that could never be emitted.
+    See `SpecStats` for how tau counts passes.
+    """
+    if num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens={num_draft_tokens} must be >= 1")
+    _check_lengths(target, prompt_ids, max_new_tokens, margin=num_draft_tokens)
+    stats = SpecStats(num_draft_tokens=num_draft_tokens)
+    start = time.perf_counter()
+    out: list[int] = []
+    if max_new_tokens == 0:
+        return out, stats
+    drafter_device = next(drafter.parameters()).device
+    drafter_dtype = next(p for p in drafter.parameters() if p.is_floating_point()).dtype
+    target_cache = _new_target_cache(target)
+    drafter_cache = DrafterCache()
+    with capture_taps(target, aux_layer_ids) as taps:
+        prompt = list(prompt_ids)
+        logits = _target_forward(target, target_cache, prompt, last_only=True)  # [1, V]
+        token = int(logits[-1].argmax())
+        out.append(token)
+        done = token in eos_token_ids or len(out) >= max_new_tokens
+        # Pending drafter extend: target aux at indices lo .. lo+T-1 with the token after each.
+        ext_aux = taps.take()  # [1, n, K*H]
+        ext_ids = prompt[1:] + [token]
+        ext_lo = 0
+        last = token  # s_m: committed, not yet in the target cache
+        while not done:
+            remaining = max_new_tokens - len(out)
+            k = min(num_draft_tokens, remaining - 1)
+            drafts: list[int] = []
+            if k > 0:
+                drafter_cache.crop(ext_lo)  # drop chained drafts: keep only target-state entries
+                hidden = drafter.combine_taps(ext_aux.to(drafter_device, drafter_dtype))  # [1, T, H]
+                ids = torch.tensor([ext_ids], device=drafter_device)  # [1, T]
+                pos = torch.arange(ext_lo, ext_lo + len(ext_ids), device=drafter_device)[None]  # [1, T]
+                d_logits, d_hidden = drafter.forward_step(hidden, ids, pos, drafter_cache)
+                drafts = _draft_chain(
+                    drafter, d_logits[0, -1], d_hidden[:, -1:], ext_lo + len(ext_ids) - 1, k, drafter_cache
+                )
+                ext_lo += len(ext_ids)
+            # else: the budget allows one token only, the pass's bonus; generation ends after it.
+            committed = target_cache.get_seq_length()  # s_0 .. s_{m-1}
+            v_logits = _target_forward(target, target_cache, [last, *drafts])  # [k + 1, V]
+            v_aux = taps.take()  # [1, k + 1, K*H]
+            greedy = v_logits.argmax(-1).tolist()  # g_0 .. g_k
+            a = accept_length(drafts, greedy[:-1])
+            stats.verify_passes += 1
+            stats.drafted_per_pass.append(len(drafts))
+            stats.accepted_per_pass.append(a)
+            new_tokens, done = clip_at_stop([*drafts[:a], greedy[a]], remaining, eos_token_ids)
+            out.extend(new_tokens)
+            _crop_target_cache(target_cache, committed + 1 + a)  # s_m, d_1 .. d_a stay
+            ext_aux, ext_ids, last = v_aux[:, : a + 1], new_tokens, new_tokens[-1]
+    stats.generated = len(out)
+    stats.wall_seconds = time.perf_counter() - start
+    return out, stats
+
+
+# --------------------------------------------------------------------------- evaluation
+def first_mismatch(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (a length difference counts), or None if equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _rate(num: int, den: int) -> float | None:
+    return num / den if den else None
+
+
+def evaluate_specdec(
+    model_dir: str | os.PathLike,
+    drafter,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    num_draft_tokens: int,
+    eos_token_ids: set[int],
+    aux_layer_ids: list[int],
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    check_equal: bool = True,
+) -> dict:
+    """Speculative vs plain greedy decoding over `prompts`: tau, acceptance by draft position, speed.
+
+    The drafter is moved to `device`/`dtype` in place. With `check_equal`, each prompt is also decoded
+    plain-greedily (timed): mismatches are counted and located, never hidden, and the speedup is the
+    ratio of tokens/s. Without it only the speculative side runs (no equality, no speedup).
+    Aggregate tau = sum of verify-emitted tokens / sum of verify passes (see `SpecStats`).
+    """
+    target = load_target(model_dir, dtype=dtype, device=device)
+    drafter = drafter.to(device=device, dtype=dtype).eval()
+    k = num_draft_tokens
+    if prompts:  # warm-up: first-call allocations and lazy init must not land in the timings
+        warm = min(4, max_new_tokens)
+        speculative_generate(target, drafter, prompts[0], warm, k, eos_token_ids, aux_layer_ids)
+        if check_equal:
+            greedy_generate(target, prompts[0], warm, eos_token_ids)
+    per_prompt = []
+    totals = {"spec_tokens": 0, "spec_seconds": 0.0, "greedy_tokens": 0, "greedy_seconds": 0.0}
+    emitted, passes = 0, 0
+    attempted, reached, accepted = [0] * k, [0] * k, [0] * k
+    mismatches = []
+    for index, prompt in enumerate(prompts):
+        spec_out, stats = speculative_generate(
+            target, drafter, prompt, max_new_tokens, k, eos_token_ids, aux_layer_ids
+        )
+        row = {"prompt_tokens": len(prompt), **stats.to_dict()}
+        totals["spec_tokens"] += stats.generated
+        totals["spec_seconds"] += stats.wall_seconds
+        emitted += max(stats.generated - 1, 0) if stats.verify_passes else 0
+        passes += stats.verify_passes
+        attempted = [x + y for x, y in zip(attempted, stats.position_attempted, strict=True)]
+        reached = [x + y for x, y in zip(reached, stats.position_reached, strict=True)]
+        accepted = [x + y for x, y in zip(accepted, stats.position_accepted, strict=True)]
+        if check_equal:
+            t0 = time.perf_counter()
+            greedy_out = greedy_generate(target, prompt, max_new_tokens, eos_token_ids)
+            row["greedy_seconds"] = time.perf_counter() - t0
+            totals["greedy_tokens"] += len(greedy_out)
+            totals["greedy_seconds"] += row["greedy_seconds"]
+            row["first_mismatch"] = first_mismatch(greedy_out, spec_out)
+            row["equal"] = row["first_mismatch"] is None
+            if not row["equal"]:
+                mismatches.append({"prompt": index, "first_mismatch": row["first_mismatch"]})
+        per_prompt.append(row)
+    spec_tps = _rate(totals["spec_tokens"], totals["spec_seconds"])
+    greedy_tps = _rate(totals["greedy_tokens"], totals["greedy_seconds"]) if check_equal else None
+    return {
+        "num_prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "num_draft_tokens": k,
+        "aux_layer_ids": list(aux_layer_ids),
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "tau": _rate(emitted, passes),
+        "verify_passes": passes,
+        "generated_tokens": totals["spec_tokens"],
+        "acceptance_by_position": [_rate(a, n) for a, n in zip(accepted, attempted, strict=True)],
+        "conditional_acceptance_by_position": [_rate(a, n) for a, n in zip(accepted, reached, strict=True)],
+        "position_attempted": attempted,
+        "position_reached": reached,
+        "position_accepted": accepted,
+        "spec_tokens_per_s": spec_tps,
+        "greedy_tokens_per_s": greedy_tps,
+        "speedup": spec_tps / greedy_tps if spec_tps and greedy_tps else None,
+        "greedy_equal": {
+            "checked": check_equal,
+            "equal_prompts": sum(bool(r.get("equal")) for r in per_prompt) if check_equal else None,
+            "mismatch_count": len(mismatches) if check_equal else None,
+            "mismatches": mismatches,
+        },
+        "per_prompt": per_prompt,
+    }

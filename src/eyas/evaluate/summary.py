@@ -1,0 +1,164 @@
+"""`summary.json` and the acceptance plot: the trained drafter beside the untrained baseline.
+
+Inputs are the dicts of `evaluate_offline` and `evaluate_specdec` (trained and untrained drafter).
+Both outputs are written atomically; the plot uses matplotlib's object API on an Agg canvas, so no
+global backend or pyplot state is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from eyas.atomic import atomic_file, atomic_path
+
+SUMMARY_FORMAT = "eyas.summary/1"
+SPECDEC_FIELDS = (
+    "tau",
+    "speedup",
+    "spec_tokens_per_s",
+    "greedy_tokens_per_s",
+    "acceptance_by_position",
+    "conditional_acceptance_by_position",
+    "position_attempted",
+    "position_accepted",
+    "greedy_equal",
+    "num_prompts",
+    "max_new_tokens",
+    "num_draft_tokens",
+    "verify_passes",
+    "generated_tokens",
+)
+OFFLINE_FIELDS = (
+    "ttt_steps",
+    "accuracy",
+    "conditional_accuracy",
+    "simulated_tau",
+    "count",
+    "cond_count",
+    "loss",
+    "num_samples",
+    "num_tokens",
+)
+
+
+def _pick(report: dict, fields: tuple[str, ...], name: str) -> dict:
+    missing = [f for f in fields if f not in report]
+    if missing:
+        raise ValueError(f"write_summary: {name} lacks field(s) {missing}")
+    return {f: report[f] for f in fields}
+
+
+def _finite(value):
+    """JSON-safe copy: NaN/inf become None (json would write invalid `NaN`)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def build_summary(*, offline: dict, specdec: dict, specdec_untrained: dict, meta: dict) -> dict:
+    """The summary dict (pure): headline numbers, then each report's fields."""
+    trained = _pick(specdec, SPECDEC_FIELDS, "specdec")
+    untrained = _pick(specdec_untrained, SPECDEC_FIELDS, "specdec_untrained")
+    if trained["num_draft_tokens"] != untrained["num_draft_tokens"]:
+        raise ValueError(
+            f"write_summary: specdec drafts {trained['num_draft_tokens']} tokens per pass, "
+            f"specdec_untrained {untrained['num_draft_tokens']}: the baseline must match"
+        )
+    checks = [r["greedy_equal"] for r in (trained, untrained)]
+    checked = all(c.get("checked") for c in checks)
+    mismatches = sum(c.get("mismatch_count") or 0 for c in checks) if checked else None
+    return _finite(
+        {
+            "format": SUMMARY_FORMAT,
+            "meta": dict(meta),
+            "headline": {
+                "tau": trained["tau"],
+                "tau_untrained": untrained["tau"],
+                "simulated_tau": offline.get("simulated_tau"),
+                "speedup": trained["speedup"],
+                "speedup_untrained": untrained["speedup"],
+                "greedy_equal": (mismatches == 0) if checked else None,
+                "greedy_mismatches": mismatches,
+            },
+            "specdec": trained,
+            "specdec_untrained": untrained,
+            "offline": _pick(offline, OFFLINE_FIELDS, "offline"),
+        }
+    )
+
+
+def _nan(values: list) -> list[float]:
+    return [math.nan if v is None else float(v) for v in values]
+
+
+def plot_acceptance(summary: dict, out_plot: str | os.PathLike) -> None:
+    """PNG: real acceptance by draft position (trained vs untrained) | offline accuracy by TTT step."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
+    head = summary["headline"]
+    for key, label, style in (("specdec", "trained", "o-"), ("specdec_untrained", "untrained", "s--")):
+        rates = _nan(summary[key]["acceptance_by_position"])
+        tau = summary[key]["tau"]
+        tau_txt = "n/a" if tau is None else f"{tau:.2f}"
+        left.plot(range(1, len(rates) + 1), rates, style, label=f"{label} (tau {tau_txt})")
+    # Offline prediction of the same quantity: all drafts up to position i right = prod of conditional acc.
+    predicted, prod = [], 1.0
+    for acc in _nan(summary["offline"]["conditional_accuracy"])[: len(rates)]:
+        prod *= acc
+        predicted.append(prod)
+    left.plot(
+        range(1, len(predicted) + 1), predicted, ":", color="grey", label="offline prediction (trained)"
+    )
+    left.set(
+        title="Real speculative decoding",
+        xlabel="draft position",
+        ylabel="accepted / attempted",
+        ylim=(0, 1.02),
+    )
+    left.legend()
+    offline = summary["offline"]
+    steps = range(1, len(offline["accuracy"]) + 1)
+    right.plot(steps, _nan(offline["accuracy"]), "o-", label="accuracy")
+    right.plot(steps, _nan(offline["conditional_accuracy"]), "s--", label="conditional accuracy")
+    sim = head["simulated_tau"]
+    right.set(
+        title="Offline (held-out)" + ("" if sim is None else f", simulated tau {sim:.2f}"),
+        xlabel="TTT step",
+        ylabel="accuracy",
+        ylim=(0, 1.02),
+    )
+    right.legend()
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.tight_layout()
+    with atomic_path(out_plot) as tmp:
+        fig.savefig(tmp, format="png")
+
+
+def write_summary(
+    out_json: str | os.PathLike,
+    out_plot: str | os.PathLike,
+    *,
+    offline: dict,
+    specdec: dict,
+    specdec_untrained: dict,
+    meta: dict,
+) -> dict:
+    """Write `summary.json` and the acceptance PNG (both atomically); returns the summary dict."""
+    summary = build_summary(offline=offline, specdec=specdec, specdec_untrained=specdec_untrained, meta=meta)
+    text = json.dumps(summary, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    plot_acceptance(summary, out_plot)
+    with atomic_file(out_json) as fh:
+        fh.write(text)
+    return summary

@@ -1,0 +1,118 @@
+"""summary.json fields and the acceptance PNG, from real evaluate_specdec reports on the tiny target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eyas.evaluate.specdec import evaluate_specdec
+from eyas.evaluate.summary import SUMMARY_FORMAT, write_summary
+from eyas.model.drafter import DrafterConfig, Eagle3Drafter
+from eyas.target import read_config
+
+AUX = [0, 1, 2]
+OFFLINE = {
+    "ttt_steps": 3,
+    "num_samples": 4,
+    "num_tokens": 40,
+    "num_batches": 1,
+    "count": [23, 20, 0],
+    "accuracy": [0.6, 0.5, None],  # a step without positions reports None
+    "cond_count": [23, 14, 0],
+    "conditional_accuracy": [0.6, 0.4, None],
+    "loss": [2.0, 2.5, None],
+    "simulated_tau": 1.84,
+    "seconds": 0.1,
+}
+
+
+@pytest.fixture(scope="module")
+def reports(tiny_model_dir):
+    torch.set_num_threads(1)
+    out = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        drafter = Eagle3Drafter(DrafterConfig.from_target_config(read_config(tiny_model_dir), 1024, AUX))
+        out.append(
+            evaluate_specdec(
+                tiny_model_dir,
+                drafter,
+                [[1, 42, 977], [5, 6, 7, 8]],
+                max_new_tokens=6,
+                num_draft_tokens=2,
+                eos_token_ids={2},
+                aux_layer_ids=AUX,
+            )
+        )
+    return out
+
+
+def test_writes_json_and_png(tmp_path, reports):
+    trained, untrained = reports
+    out_json, out_plot = tmp_path / "eval" / "summary.json", tmp_path / "eval" / "acceptance.png"
+    meta = {"model_id": "tiny", "drafter": "results/train/drafter"}
+    summary = write_summary(
+        out_json, out_plot, offline=OFFLINE, specdec=trained, specdec_untrained=untrained, meta=meta
+    )
+    on_disk = json.loads(out_json.read_text())
+    assert on_disk == summary
+    assert on_disk["format"] == SUMMARY_FORMAT and on_disk["meta"] == meta
+    head = on_disk["headline"]
+    assert head["tau"] == trained["tau"] and head["tau_untrained"] == untrained["tau"]
+    assert head["speedup"] == trained["speedup"] and head["simulated_tau"] == 1.84
+    assert head["greedy_equal"] is True and head["greedy_mismatches"] == 0
+    assert on_disk["specdec"]["acceptance_by_position"] == trained["acceptance_by_position"]
+    assert len(on_disk["specdec_untrained"]["acceptance_by_position"]) == 2
+    assert "per_prompt" not in on_disk["specdec"]
+    assert on_disk["offline"]["accuracy"] == [0.6, 0.5, None]
+    assert sorted(p.name for p in out_json.parent.iterdir()) == ["acceptance.png", "summary.json"]
+
+    data = out_plot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    image = matplotlib.image.imread(out_plot)
+    assert image.shape == (400, 1000, 4)
+    assert float(image[..., :3].std()) > 0.05  # something was drawn
+
+
+def test_mismatches_and_nan_are_reported(tmp_path, reports):
+    trained = {**reports[0], "tau": float("nan")}
+    trained["greedy_equal"] = {**trained["greedy_equal"], "mismatch_count": 1, "mismatches": [{"prompt": 1}]}
+    summary = write_summary(
+        tmp_path / "s.json",
+        tmp_path / "a.png",
+        offline=OFFLINE,
+        specdec=trained,
+        specdec_untrained=reports[1],
+        meta={},
+    )
+    assert summary["headline"]["greedy_equal"] is False and summary["headline"]["greedy_mismatches"] == 1
+    assert summary["headline"]["tau"] is None  # NaN is not JSON
+    assert json.loads((tmp_path / "s.json").read_text())["specdec"]["tau"] is None
+
+
+def test_bad_inputs_name_the_field(tmp_path, reports):
+    trained, untrained = reports
+    incomplete = {k: v for k, v in trained.items() if k != "speedup"}
+    with pytest.raises(ValueError, match="specdec lacks field.*speedup"):
+        write_summary(
+            tmp_path / "s.json",
+            tmp_path / "a.png",
+            offline=OFFLINE,
+            specdec=incomplete,
+            specdec_untrained=untrained,
+            meta={},
+        )
+    with pytest.raises(ValueError, match="baseline must match"):
+        write_summary(
+            tmp_path / "s.json",
+            tmp_path / "a.png",
+            offline=OFFLINE,
+            specdec=trained,
+            specdec_untrained={**untrained, "num_draft_tokens": 5},
+            meta={},
+        )
+    assert not list(tmp_path.iterdir())  # nothing written on a refusal
