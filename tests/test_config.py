@@ -72,7 +72,9 @@ def _settings_classes():
     return seen
 
 
-@pytest.mark.parametrize("cls", [c for c in _settings_classes() if c is not cfg.Config], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls", [c for c in _settings_classes() if c is not cfg.Config], ids=lambda c: c.__name__
+)
 def test_every_key_is_documented(cls):
     docs = cfg.field_docs(cls)
     missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]

@@ -59,7 +59,9 @@ def test_hidden_store_round_trip_any_write_order(tmp_path, order):
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     aux = torch.randn(offsets[-1], taps * hidden)
     final = torch.randn(offsets[-1], hidden)
-    with hidden_store_writer(tmp_path / "h.zarr", offsets, hidden, taps, {"model_id": "m"}, chunk_tokens=16) as w:
+    with hidden_store_writer(
+        tmp_path / "h.zarr", offsets, hidden, taps, {"model_id": "m"}, chunk_tokens=16
+    ) as w:
         for i in order:
             lo, hi = offsets[i], offsets[i + 1]
             w.write_sample(i, bf16_to_uint16(aux[lo:hi]), bf16_to_uint16(final[lo:hi]))

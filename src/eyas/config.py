@@ -111,6 +111,9 @@ class TrainSettings:
     """Training device; `auto` = cuda when available."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """`auto` = bf16 autocast on CUDA, fp32 on CPU."""
+    init_head_from_target: bool = True
+    """Start lm_head from the target's lm_head rows of the draft vocab and norm from its final norm:
+    the drafter's output space then starts as the target's, which short CPU runs need."""
     checkpoint_every: int = 200
     """Optimizer steps between checkpoints (also written at the end)."""
     draft_vocab_size: int = 8192

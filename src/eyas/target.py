@@ -51,23 +51,40 @@ def load_target(
     return model.to(device).eval().requires_grad_(False)
 
 
-def load_embed_and_head(model_dir: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's input embedding [V, H] and lm_head [V, H], read from safetensors by name.
-
-    Only these two tensors are read, so training never holds the whole target in memory.
-    """
+def load_target_tensor(model_dir: str | os.PathLike, name: str) -> torch.Tensor:
+    """One named tensor of the target's safetensors (single file or sharded with an index)."""
     model_dir = Path(model_dir)
     index_path = model_dir / "model.safetensors.index.json"
     if index_path.exists():
         weight_map = json.loads(index_path.read_text())["weight_map"]
+        if name not in weight_map:
+            raise KeyError(f"{index_path}: no tensor {name!r}")
+        file = model_dir / weight_map[name]
     else:
-        with safe_open(model_dir / "model.safetensors", "pt") as fh:
-            weight_map = {name: "model.safetensors" for name in fh.keys()}  # noqa: SIM118
+        file = model_dir / "model.safetensors"
+    with safe_open(file, "pt") as fh:
+        if name not in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            raise KeyError(f"{file}: no tensor {name!r}")
+        return fh.get_tensor(name)
 
-    def get(name: str) -> torch.Tensor:
-        with safe_open(model_dir / weight_map[name], "pt") as fh:
-            return fh.get_tensor(name)
 
-    embed = get("model.embed_tokens.weight")
-    head = get("lm_head.weight") if "lm_head.weight" in weight_map else embed  # tied embeddings
+def load_embed_and_head(model_dir: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's input embedding [V, H] and lm_head [V, H], read from safetensors by name.
+
+    Only these tensors are read, so training never holds the whole target in memory.
+    """
+    embed = load_target_tensor(model_dir, "model.embed_tokens.weight")
+    try:
+        head = load_target_tensor(model_dir, "lm_head.weight")
+    except KeyError:
+        head = embed  # tied embeddings
     return embed, head
+
+
+def resolve_device(device: str) -> str:
+    """`auto` means CUDA when this process sees a GPU, else the CPU."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' was asked for but this process sees no CUDA device")
+    return device

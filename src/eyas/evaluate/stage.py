@@ -14,18 +14,12 @@ from eyas.evaluate.offline import evaluate_offline
 from eyas.evaluate.specdec import evaluate_specdec
 from eyas.evaluate.summary import write_summary
 from eyas.model.drafter import Eagle3Drafter
-from eyas.target import load_embed_and_head, load_tokenizer
+from eyas.target import load_embed_and_head, load_tokenizer, resolve_device
 
 log = logging.getLogger("eyas.evaluate")
 
 # Fields of the drafter's config.json that the held-out stores must share.
 PROVENANCE_FIELDS = ("model_id", "model_hash", "layer_ids", "tokenizer_hash", "chat_template_hash")
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
 
 
 def held_out_prompts(

@@ -24,11 +24,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from eyas import target
 from eyas.atomic import atomic_dir, atomic_file
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
 from eyas.provenance import sha256_file
 from eyas.store import ProvenanceError, check_provenance
-from eyas.target import load_embed_and_head, read_config
+from eyas.target import load_embed_and_head, load_target_tensor, read_config
 from eyas.train.loader import PairedLoader
 from eyas.train.loss import teacher_from_final, ttt_loss
 from eyas.vocab import load_draft_vocab
@@ -66,11 +67,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device is 'cuda' but no CUDA device is available")
-    return torch.device(name)
+    return torch.device(target.resolve_device(name))
 
 
 def resolve_amp(dtype: str, device: torch.device) -> torch.dtype | None:
@@ -127,7 +124,9 @@ def _check_inputs(loader: PairedLoader, hidden_stores: list[str], vocab_meta: di
     return first
 
 
-def _build_model(model_dir: str, attrs: dict, d2t: torch.Tensor, t2d: torch.Tensor, seed: int) -> tuple:
+def _build_model(
+    model_dir: str, attrs: dict, d2t: torch.Tensor, t2d: torch.Tensor, seed: int, init_head: bool
+) -> tuple:
     config = DrafterConfig.from_target_config(read_config(model_dir), len(d2t), attrs["layer_ids"])
     if config.hidden_size != attrs["hidden_size"]:
         raise ProvenanceError(f"target hidden_size {config.hidden_size} != stores' {attrs['hidden_size']}")
@@ -136,6 +135,11 @@ def _build_model(model_dir: str, attrs: dict, d2t: torch.Tensor, t2d: torch.Tens
     embed, head = load_embed_and_head(model_dir)
     model.set_target_embedding(embed.float())
     model.set_vocab(d2t, t2d)
+    if init_head:
+        draft_target_ids = torch.arange(len(d2t)) + d2t  # [D] target id of each draft id
+        with torch.no_grad():
+            model.lm_head.weight.copy_(head[draft_target_ids].float())  # [D, H]
+            model.norm.weight.copy_(load_target_tensor(model_dir, "model.norm.weight").float())
     return model, head
 
 
@@ -161,7 +165,7 @@ def train(
     )
     d2t, t2d, vocab_meta = load_draft_vocab(vocab_path)
     attrs = _check_inputs(loader, hidden_stores, vocab_meta, settings)
-    model, head = _build_model(model_dir, attrs, d2t, t2d, settings.seed)
+    model, head = _build_model(model_dir, attrs, d2t, t2d, settings.seed, settings.init_head_from_target)
     model.to(device).train()
     head = head.to(device, amp or torch.float32)  # teacher matmuls run in the autocast dtype
     draft_ids = (torch.arange(len(d2t)) + d2t).to(device)

@@ -1,0 +1,27 @@
+# Two commands on a fresh machine:  `make run` (the default job)  and  `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build of torch is what the default job needs; set TORCH="torch==2.13.0" --index-url ... for GPUs.
+TORCH ?= torch==2.13.0
+CORES ?= 2
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q "$(TORCH)"
+	$(VENV)/bin/pip install -q -e ".[test]"
+	touch $@
+
+.PHONY: install run test lint
+install: $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(VENV)/bin/snakemake --cores $(CORES)
+
+test: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -q -ra
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests scripts bench
+	$(VENV)/bin/ruff format --check src tests scripts bench
+	$(VENV)/bin/snakemake --lint

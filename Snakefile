@@ -1,0 +1,28 @@
+# eyas: EAGLE-3 drafters from a target LLM's hidden states.
+# prompts -> tokens -> hidden states (Zarr) -> drafter -> evaluation + SGLang export.
+import os
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: os.path.join(workflow.basedir, "config", "config.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/assets.smk"
+include: "rules/data.smk"
+include: "rules/extract.smk"
+include: "rules/train.smk"
+include: "rules/evaluate.smk"
+
+
+rule all:
+    input:
+        get_final_output(),
+    default_target: True
+
+
+onsuccess:
+    print_report_location()

@@ -1,0 +1,80 @@
+# Config validation and input helpers. All logic lives in src/eyas; this file only maps config to paths.
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+
+from eyas.config import DEFAULT_MODEL_SOURCE, LLAMAFACTORY_PREFIX, load_config  # noqa: E402
+
+EYAS = load_config(config)
+SPLITS = ("train", "eval")
+
+# Snakemake reruns a `script:` rule when the script changes, not when the package code it calls
+# changes (FACTS §6): bump a stage's version here when its logic or output format changes.
+STAGE_VERSION = {
+    "assets": 1,
+    "prepare": 1,
+    "tokenize": 1,
+    "vocab": 1,
+    "extract": 1,
+    "train": 1,
+    "evaluate": 1,
+    "export": 1,
+}
+
+
+wildcard_constraints:
+    split="train|eval",
+    shard=r"\d{5}",
+    name=r"[A-Za-z0-9_.\-]+",
+
+
+def model_dir():
+    if EYAS.model.source == DEFAULT_MODEL_SOURCE:
+        return "results/assets/model"
+    return EYAS.model.source
+
+
+def data_paths():
+    paths = []
+    for item in EYAS.data.inputs:
+        if item.path.startswith(LLAMAFACTORY_PREFIX):
+            paths.append(f"results/assets/data/{item.path.removeprefix(LLAMAFACTORY_PREFIX)}")
+        else:
+            paths.append(item.path)
+    return paths
+
+
+def data_formats():
+    return [item.format for item in EYAS.data.inputs]
+
+
+def num_shards(split):
+    return EYAS.tokenize.train_shards if split == "train" else EYAS.tokenize.eval_shards
+
+
+def num_shards_of(wildcards):
+    return num_shards(wildcards.split)
+
+
+def hidden_stores(split):
+    return [f"results/hidden/{split}/shard-{i:05d}.zarr" for i in range(num_shards(split))]
+
+
+def use_gpu(device):
+    return 1 if device == "cuda" else 0
+
+
+def get_final_output():
+    return [
+        "results/eval/summary.json",
+        "results/eval/acceptance.png",
+        "results/export/sglang",
+    ]
+
+
+def print_report_location():
+    print("\neyas: done.")
+    print("  summary:  results/eval/summary.json  (tau, speedup, acceptance by position)")
+    print("  plot:     results/eval/acceptance.png")
+    print("  drafter:  results/train/drafter  |  SGLang export: results/export/sglang")

@@ -1,0 +1,11 @@
+"""Export the trained drafter as an SGLang-loadable LlamaForCausalLMEagle3 directory."""
+
+import json
+
+from eyas.export import export_sglang
+from eyas.logs import setup_stage_logging
+
+sm = snakemake  # noqa: F821
+log = setup_stage_logging(sm.log[0], "export")
+info = export_sglang(sm.input.drafter, sm.output.export)
+log.info("export: %s", json.dumps(info))

@@ -1,0 +1,27 @@
+"""Run the target over one token shard and write its hidden-state store."""
+
+import json
+from pathlib import Path
+
+from eyas.extract.hf_backend import extract_shard
+from eyas.logs import setup_stage_logging
+from eyas.target import default_aux_layer_ids, read_config, resolve_device
+
+sm = snakemake  # noqa: F821
+log = setup_stage_logging(sm.log[0], "extract")
+settings = sm.params.settings
+layer_ids = sm.params.layer_ids or default_aux_layer_ids(read_config(sm.input.model)["num_hidden_layers"])
+shard = Path(sm.input.tokens) / f"shard-{sm.wildcards.shard}.zarr"
+stats = extract_shard(
+    str(shard),
+    sm.output.store,
+    sm.input.model,
+    layer_ids=layer_ids,
+    device=resolve_device(settings["device"]),
+    dtype=settings["dtype"],
+    token_budget=settings["token_budget"],
+    model_id=sm.params.model_id,
+    trust_remote_code=sm.params.trust_remote_code,
+    threads=sm.threads,
+)
+log.info("extract %s/%s: %s", sm.wildcards.split, sm.wildcards.shard, json.dumps(stats))

@@ -1,0 +1,25 @@
+"""Conversations of one split -> loss-masked token shards (Zarr), rejects and stats."""
+
+import json
+from pathlib import Path
+
+from eyas.atomic import atomic_dir
+from eyas.data.tokenize import tokenize_split
+from eyas.logs import setup_stage_logging
+
+sm = snakemake  # noqa: F821
+log = setup_stage_logging(sm.log[0], "tokenize")
+with atomic_dir(sm.output.shards) as tmp:
+    shards = [str(Path(tmp) / f"shard-{i:05d}.zarr") for i in range(sm.params.num_shards)]
+    stats = tokenize_split(
+        sm.input.conversations,
+        sm.input.model,
+        shards,
+        str(Path(tmp) / "rejects.jsonl"),
+        str(Path(tmp) / "stats.json"),
+        split=sm.wildcards.split,
+        max_length=sm.params.max_length,
+        model_id=sm.params.model_id,
+        trust_remote_code=sm.params.trust_remote_code,
+    )
+log.info("tokenize %s: %s", sm.wildcards.split, json.dumps(stats))

@@ -1,0 +1,33 @@
+"""Train the EAGLE-3 drafter on the train split's hidden stores."""
+
+import json
+from pathlib import Path
+
+from eyas.config import TrainSettings
+from eyas.logs import setup_stage_logging
+from eyas.provenance import model_hash
+from eyas.store import read_token_shard
+from eyas.train.trainer import train
+
+sm = snakemake  # noqa: F821
+log = setup_stage_logging(sm.log[0], "train")
+settings = TrainSettings(**{**sm.params.settings, "threads": sm.threads})
+token_shards = sorted(str(p) for p in Path(sm.input.tokens).glob("shard-*.zarr"))
+first = read_token_shard(token_shards[0]).attrs
+expected = {
+    "model_id": sm.params.model_id,
+    "model_hash": model_hash(sm.input.model),
+    "tokenizer_hash": first["tokenizer_hash"],
+    "chat_template_hash": first["chat_template_hash"],
+}
+stats = train(
+    settings,
+    token_shards=token_shards,
+    hidden_stores=list(sm.input.stores),
+    vocab_path=sm.input.vocab,
+    model_dir=sm.input.model,
+    out_dir=sm.output.drafter,
+    log_path=sm.output.log_csv,
+    expected_provenance=expected,
+)
+log.info("train: %s", json.dumps(stats))

@@ -1,0 +1,20 @@
+"""Draft vocabulary from the masked-token frequencies of the train split."""
+
+import json
+from pathlib import Path
+
+from eyas.logs import setup_stage_logging
+from eyas.store import read_token_shard
+from eyas.target import read_config
+from eyas.vocab import build_draft_vocab, save_draft_vocab
+
+sm = snakemake  # noqa: F821
+log = setup_stage_logging(sm.log[0], "vocab")
+shards = sorted(str(p) for p in Path(sm.input.tokens).glob("shard-*.zarr"))
+vocab_size = read_config(sm.input.model)["vocab_size"]
+d2t, t2d, stats = build_draft_vocab(shards, vocab_size, sm.params.draft_vocab_size)
+tokenizer_hash = read_token_shard(shards[0]).attrs["tokenizer_hash"]
+save_draft_vocab(sm.output.vocab, d2t, t2d, stats, tokenizer_hash)
+with open(sm.output.stats, "w") as fh:
+    json.dump(stats, fh, indent=2)
+log.info("vocab: %s", json.dumps(stats))
