@@ -236,3 +236,20 @@ def test_lr_schedule():
     assert lr_factor(0, 4, 20) == 0.25 and lr_factor(3, 4, 20) == 1.0
     assert lr_factor(4, 4, 20) == 1.0 and lr_factor(19, 4, 20) < 0.02
     assert lr_factor(12, 4, 20) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("init_head", [True, False])
+def test_head_init_from_target(data, init_head):
+    from eyas.store import HiddenStore
+    from eyas.target import load_embed_and_head, load_target_tensor
+    from eyas.vocab import load_draft_vocab
+
+    d2t, t2d, _ = load_draft_vocab(data["vocab"])
+    attrs = HiddenStore(data["stores"][0]).attrs
+    model, _ = trainer_mod._build_model(data["model"], attrs, d2t, t2d, 0, init_head)
+    _, head = load_embed_and_head(data["model"])
+    rows = head[torch.arange(len(d2t)) + d2t].float()  # [D, H] target head rows of the draft vocab
+    norm = load_target_tensor(data["model"], "model.norm.weight").float()
+    assert torch.equal(model.lm_head.weight, rows) is init_head
+    if init_head:  # (the tiny target's norm is all ones, like a fresh drafter's: nothing to tell apart)
+        assert torch.equal(model.norm.weight, norm)
