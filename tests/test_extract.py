@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from eyas.capture import validate_layer_ids
 from eyas.extract.batching import plan_batches
-from eyas.extract.hf_backend import extract_shard, resolve_dtype, validate_layer_ids
+from eyas.extract.hf_backend import extract_shard, resolve_dtype
 from eyas.provenance import FINAL_NORM, LAYER_ID_CONVENTION, chat_template_hash, sha256_array, tokenizer_hash
 from eyas.store import HiddenStore, ProvenanceError, check_provenance, write_token_shard
 from eyas.target import hf_hidden_index

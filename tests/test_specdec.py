@@ -128,12 +128,12 @@ def test_tap_capture_is_hf_hidden_states_plus_one(target):
     ids = torch.tensor([[5, 17, 300, 4000, 9]])
     with capture_taps(target, AUX) as taps, torch.no_grad():
         out = target(input_ids=ids, output_hidden_states=True)
-        aux = taps.take()  # [1, T, 3H]
+        aux = taps.take_concat()  # [1, T, 3H]
     want = torch.cat([out.hidden_states[v + 1] for v in AUX], dim=-1)
     torch.testing.assert_close(aux, want)
     with torch.no_grad():
         target(input_ids=ids)
-    assert not taps._out  # hooks removed on exit: the later forward captured nothing
+    assert not taps.outputs  # hooks removed on exit: the later forward captured nothing
 
 
 # --------------------------------------------------------------------------- (a) untrained drafter
@@ -172,7 +172,7 @@ def test_oracle_extends_pair_target_aux_with_next_token(chaotic_target):
     sequence = prompt + got
     with capture_taps(chaotic_target, AUX) as taps, torch.no_grad():
         chaotic_target(input_ids=torch.tensor([sequence]))
-        full_aux = taps.take()[0]  # [T, 3H]
+        full_aux = taps.take_concat()[0]  # [T, 3H]
     positions = [p for pos, _, _ in drafter.extends for p in pos]
     assert positions == list(range(len(positions))) and len(positions) >= len(prompt)
     for pos, ids, aux in drafter.extends:

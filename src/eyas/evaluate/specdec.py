@@ -19,16 +19,15 @@ plain greedy decoding whatever the drafter proposes; `evaluate_specdec` checks e
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from eyas.capture import TapCapture
 from eyas.model.drafter import DrafterCache
 from eyas.target import load_target
 
@@ -107,44 +106,9 @@ class SpecStats:
 
 
 # --------------------------------------------------------------------------- target plumbing
-class TapCapture:
-    """Forward hooks on `model.model.layers[v]`: drafter tap v is the OUTPUT of decoder layer v
-    (HF hidden_states[v + 1]); `take()` returns the last forward's taps concatenated [1, T, K*H]."""
-
-    def __init__(self, target, layer_ids: list[int]):
-        layers = target.model.layers
-        bad = [v for v in layer_ids if not 0 <= v < len(layers)]
-        if bad:
-            raise ValueError(f"aux_layer_ids {bad} outside the target's {len(layers)} decoder layers")
-        self.layer_ids = list(layer_ids)
-        self._out: dict[int, Tensor] = {}
-        self._handles = [layers[v].register_forward_hook(self._hook(i)) for i, v in enumerate(layer_ids)]
-
-    def _hook(self, slot: int):
-        def hook(module, args, output):
-            self._out[slot] = output[0] if isinstance(output, tuple) else output  # [1, T, H]
-
-        return hook
-
-    def take(self) -> Tensor:
-        if len(self._out) != len(self.layer_ids):
-            raise RuntimeError(f"captured {len(self._out)} of {len(self.layer_ids)} taps (no forward ran?)")
-        taps = torch.cat([self._out[i] for i in range(len(self.layer_ids))], dim=-1)  # [1, T, K*H]
-        self._out.clear()
-        return taps
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
-@contextlib.contextmanager
-def capture_taps(target, layer_ids: list[int]) -> Iterator[TapCapture]:
-    capture = TapCapture(target, layer_ids)
-    try:
-        yield capture
-    finally:
-        capture.remove()
+def capture_taps(target, layer_ids: list[int]) -> TapCapture:
+    """Hooks on the target's tapped layers; `take_concat()` gives the last forward's [1, T, K*H]."""
+    return TapCapture(target, layer_ids)
 
 
 _CACHE_KWARG: dict[type, str] = {}
@@ -273,7 +237,7 @@ def speculative_generate(
         out.append(token)
         done = token in eos_token_ids or len(out) >= max_new_tokens
         # Pending drafter extend: target aux at indices lo .. lo+T-1 with the token after each.
-        ext_aux = taps.take()  # [1, n, K*H]
+        ext_aux = taps.take_concat()  # [1, n, K*H]
         ext_ids = prompt[1:] + [token]
         ext_lo = 0
         last = token  # s_m: committed, not yet in the target cache
@@ -294,7 +258,7 @@ def speculative_generate(
             # else: the budget allows one token only, the pass's bonus; generation ends after it.
             committed = target_cache.get_seq_length()  # s_0 .. s_{m-1}
             v_logits = _target_forward(target, target_cache, [last, *drafts])  # [k + 1, V]
-            v_aux = taps.take()  # [1, k + 1, K*H]
+            v_aux = taps.take_concat()  # [1, k + 1, K*H]
             greedy = v_logits.argmax(-1).tolist()  # g_0 .. g_k
             a = accept_length(drafts, greedy[:-1])
             stats.verify_passes += 1

@@ -19,7 +19,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from eyas.capture import TapCapture, base_decoder, validate_layer_ids
 from eyas.extract.batching import plan_batches
 from eyas.provenance import EYAS_VERSION, FINAL_NORM, LAYER_ID_CONVENTION, model_hash, sha256_array
 from eyas.store import HiddenStoreWriter, ProvenanceError, TokenShard, hidden_store_writer, read_token_shard
@@ -48,22 +49,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"extract: dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
     return DTYPES[name]
-
-
-def validate_layer_ids(layer_ids: Sequence[int], num_layers: int) -> list[int]:
-    """Drafter-convention tap ids must be distinct ints in [0, num_layers - 1]."""
-    ids = list(layer_ids)
-    if not ids:
-        raise ValueError("extract: layer_ids is empty")
-    for v in ids:
-        if isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= v < num_layers:
-            raise ValueError(
-                f"extract: layer id {v!r} is outside [0, {num_layers - 1}] for a {num_layers}-layer target "
-                f"(ids are 0-based decoder layers whose output is tapped; {LAYER_ID_CONVENTION})"
-            )
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"extract: layer_ids {ids} has duplicates")
-    return [int(v) for v in ids]
 
 
 def _check_shard(shard: TokenShard, path: str, vocab_size: int) -> None:
@@ -88,44 +73,6 @@ def _check_shard(shard: TokenShard, path: str, vocab_size: int) -> None:
             f"{path}: input_ids[{bad[0]}] (sample {sample}) = {shard.input_ids[bad[0]]} is outside the "
             f"target vocab [0, {vocab_size})"
         )
-
-
-# --------------------------------------------------------------------------- capture
-class TapCapture:
-    """Forward hooks that keep the outputs of the tapped decoder layers and of the final norm."""
-
-    def __init__(self, decoder: torch.nn.Module, layer_ids: list[int]):
-        self.layer_ids = layer_ids
-        self.outputs: dict[str, torch.Tensor] = {}
-        modules = {f"layer{v}": decoder.layers[v] for v in layer_ids} | {"final": decoder.norm}
-        self._handles = [m.register_forward_hook(self._hook(name)) for name, m in modules.items()]
-
-    def _hook(self, name: str) -> Callable:
-        def hook(module, args, output) -> None:
-            # Older transformers decoder layers return a tuple (hidden, ...); newer ones the tensor.
-            self.outputs[name] = output[0] if isinstance(output, tuple) else output
-
-        return hook
-
-    def take(self) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """(taps in layer_ids order, each [B, T, H]; final [B, T, H]); clears the references."""
-        outputs, self.outputs = self.outputs, {}
-        return [outputs[f"layer{v}"] for v in self.layer_ids], outputs["final"]
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
-def base_decoder(model: torch.nn.Module) -> torch.nn.Module:
-    """The CausalLM's base model (embeddings, layers, final norm), so the lm_head is never run."""
-    decoder = getattr(model, "model", None)
-    if decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "norm"):
-        raise TypeError(
-            f"extract: {type(model).__name__} has no .model.layers / .model.norm (Llama-style layout); "
-            "this backend cannot hook it"
-        )
-    return decoder
 
 
 # --------------------------------------------------------------------------- staging to host
@@ -373,7 +320,7 @@ def extract_shard(
     with hidden_store_writer(out_store, shard.sample_offsets, hidden, len(layer_ids), attrs) as store:
         pool = PinnedPool() if torch_device.type == "cuda" else None
         writer = BatchWriter(store, pool, writer_threads)
-        capture = TapCapture(base_decoder(model), layer_ids) if model is not None else None
+        capture = TapCapture(model, layer_ids, final=True) if model is not None else None
         bar = tqdm(total=plan.real_tokens, unit="tok", desc=Path(token_shard).name, disable=not progress)
         try:
             if plan.empty:  # zero-length samples own no rows but must still be marked written
