@@ -15,16 +15,9 @@ from safetensors.torch import save_file
 
 from eyas.atomic import atomic_dir
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter, read_drafter_config
+from eyas.provenance import DRAFTER_PROVENANCE
 
-PROVENANCE_KEYS = (
-    "model_id",
-    "model_hash",
-    "layer_ids",
-    "layer_id_convention",
-    "tokenizer_hash",
-    "chat_template_hash",
-    "draft_vocab_hash",
-)
+PROVENANCE_KEYS = (*DRAFTER_PROVENANCE, "draft_vocab_hash")
 
 
 def sglang_config(cfg: DrafterConfig, provenance: dict | None = None) -> dict:

@@ -14,6 +14,15 @@ from eyas import __version__
 EYAS_VERSION = __version__
 LAYER_ID_CONVENTION = "drafter:output_of_layer"  # id v == HF hidden_states[v + 1]
 FINAL_NORM = "post_norm"  # final state is after the target's final norm
+# What a drafter records of the stores it was trained on, and what evaluation checks stores against.
+DRAFTER_PROVENANCE = (
+    "model_id",
+    "model_hash",
+    "layer_ids",
+    "layer_id_convention",
+    "tokenizer_hash",
+    "chat_template_hash",
+)
 
 
 def sha256_bytes(data: bytes) -> str:

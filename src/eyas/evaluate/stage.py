@@ -14,12 +14,10 @@ from eyas.evaluate.offline import evaluate_offline
 from eyas.evaluate.specdec import evaluate_specdec
 from eyas.evaluate.summary import write_summary
 from eyas.model.drafter import Eagle3Drafter
+from eyas.provenance import DRAFTER_PROVENANCE
 from eyas.target import load_embed_and_head, load_tokenizer, resolve_device
 
 log = logging.getLogger("eyas.evaluate")
-
-# Fields of the drafter's config.json that the held-out stores must share.
-PROVENANCE_FIELDS = ("model_id", "model_hash", "layer_ids", "tokenizer_hash", "chat_template_hash")
 
 
 def held_out_prompts(
@@ -68,7 +66,7 @@ def run_evaluation(
     dtype = torch.float32
     drafter = Eagle3Drafter.from_pretrained(drafter_dir).eval()
     drafter_meta = json.loads((Path(drafter_dir) / "config.json").read_text())
-    expected = {field: drafter_meta[field] for field in PROVENANCE_FIELDS}
+    expected = {field: drafter_meta[field] for field in DRAFTER_PROVENANCE}
     baseline = untrained_like(drafter, model_dir)
 
     offline = evaluate_offline(

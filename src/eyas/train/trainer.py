@@ -27,7 +27,7 @@ from torch import nn
 from eyas import target
 from eyas.atomic import atomic_dir, atomic_file
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
-from eyas.provenance import sha256_file
+from eyas.provenance import DRAFTER_PROVENANCE, sha256_file
 from eyas.store import ProvenanceError, check_provenance
 from eyas.target import load_embed_and_head, load_target_tensor, read_config
 from eyas.train.loader import PairedLoader
@@ -37,14 +37,6 @@ from eyas.vocab import load_draft_vocab
 log = logging.getLogger("eyas.train")
 
 STORE_IDENTITY = ("model_id", "model_hash", "layer_ids", "layer_id_convention", "hidden_size", "num_taps")
-PROVENANCE_FIELDS = (
-    "model_id",
-    "model_hash",
-    "layer_ids",
-    "layer_id_convention",
-    "tokenizer_hash",
-    "chat_template_hash",
-)
 NOT_FINGERPRINTED = ("progress", "threads", "checkpoint_every", "device")  # do not change the maths
 
 
@@ -178,7 +170,7 @@ def train(
         optimizer, lambda s: lr_factor(s, settings.warmup_steps, total)
     )
     vocab_hash = sha256_file(vocab_path)
-    extra = {k: attrs.get(k) for k in PROVENANCE_FIELDS}
+    extra = {k: attrs.get(k) for k in DRAFTER_PROVENANCE}
     extra.update({"draft_vocab_hash": vocab_hash, "train_settings": dataclasses.asdict(settings)})
     fp = fingerprint(
         settings,
