@@ -19,20 +19,39 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from eyas.atomic import atomic_dir
+from eyas.quant import SCALE_RULE, check_storage, fp8_dequantize
 
 TOKENS_FORMAT = "eyas.tokens/1"
 HIDDEN_FORMAT = "eyas.hidden/1"
-CHUNK_TOKENS = 256  # FACTS §2: whole-sample random reads match per-sample files at 256-token chunks
-CODEC_NAME = "blosc:zstd:clevel=1:shuffle=byte:typesize=2:blocksize=1MiB"
+CHUNK_TOKENS = 256  # FACTS §2 + bench/chunks.py: whole-sample random reads match per-sample files
+CODEC_NAMES = {
+    "bf16": "blosc:zstd:clevel=1:shuffle=byte:typesize=2:blocksize=1MiB",
+    "fp8_e4m3": "blosc:zstd:clevel=1:shuffle=bit:typesize=1:blocksize=1MiB",
+}
+STORED_DTYPES = {"bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn"}
 
 
 class ProvenanceError(ValueError):
     """A store was made from a different model, tokenizer, template or layer set than expected."""
 
 
-def hidden_codec() -> BloscCodec:
+def hidden_codec(storage: str = "bf16") -> BloscCodec:
     # FACTS §2: a 1 MiB block lets zstd see whole exponent runs: ratio 1.42 vs 1.22 at Blosc's default.
+    # fp8 bytes hold sign, 4 exponent and 3 mantissa bits: bit planes separate the compressible exponent.
+    if storage == "fp8_e4m3":
+        return BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle", typesize=1, blocksize=1 << 20)
     return BloscCodec(cname="zstd", clevel=1, shuffle="shuffle", typesize=2, blocksize=1 << 20)
+
+
+def hidden_layout(storage: str, hidden_size: int, num_taps: int) -> dict[str, tuple[int, type]]:
+    """Token-major arrays of a hidden store: name -> (row width, numpy dtype on disk)."""
+    if check_storage(storage) == "bf16":
+        return {"aux": (num_taps * hidden_size, np.uint16), "final": (hidden_size, np.uint16)}
+    return {
+        "aux": (num_taps * hidden_size, np.uint8),
+        "final": (hidden_size, np.uint8),
+        "scale": (num_taps + 1, np.float32),  # taps in layer_ids order, then the final state
+    }
 
 
 def bf16_to_uint16(tensor: torch.Tensor) -> np.ndarray:
@@ -127,22 +146,28 @@ class HiddenStoreWriter:
         num_taps: int,
         attrs: Mapping,
         chunk_tokens: int = CHUNK_TOKENS,
+        storage: str = "bf16",
     ):
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         self.offsets = np.asarray(sample_offsets, dtype=np.int64)
         self.num_tokens = int(self.offsets[-1])
         self.chunk_tokens = chunk_tokens
-        self.widths = {"aux": num_taps * hidden_size, "final": hidden_size}
+        self.storage = check_storage(storage)
+        layout = hidden_layout(storage, hidden_size, num_taps)
+        self.widths = {name: width for name, (width, _) in layout.items()}
+        self.dtypes = {name: dtype for name, (_, dtype) in layout.items()}
         self.group = zarr.open_group(tmp_path, mode="w", zarr_format=3)
         self.arrays = {
             name: self.group.create_array(
                 name,
                 shape=(self.num_tokens, width),
-                dtype=np.uint16,
+                dtype=dtype,
                 chunks=(chunk_tokens, width),
-                compressors=[hidden_codec()],
+                compressors=[hidden_codec(storage if name != "scale" else "bf16")],
                 fill_value=0,
             )
-            for name, width in self.widths.items()
+            for name, (width, dtype) in layout.items()
         }
         offsets = self.group.create_array(
             "sample_offsets", shape=self.offsets.shape, dtype=np.int64, chunks=self.offsets.shape
@@ -155,9 +180,11 @@ class HiddenStoreWriter:
             "num_tokens": self.num_tokens,
             "num_taps": num_taps,
             "hidden_size": hidden_size,
-            "dtype": "bfloat16",
-            "codec": CODEC_NAME,
+            "dtype": STORED_DTYPES[storage],
+            "storage": storage,
+            "codec": CODEC_NAMES[storage],
             "chunk_tokens": chunk_tokens,
+            **({"scale_rule": SCALE_RULE} if storage == "fp8_e4m3" else {}),
         }
         self._pending: dict[int, dict[str, np.ndarray]] = {}
         self._filled: dict[int, int] = {}
@@ -166,16 +193,25 @@ class HiddenStoreWriter:
     def _chunk_rows(self, chunk: int) -> int:
         return min(self.chunk_tokens, self.num_tokens - chunk * self.chunk_tokens)
 
-    def write_sample(self, index: int, aux: np.ndarray, final: np.ndarray) -> None:
-        """aux: [T, K*H] uint16 (bf16 bits); final: [T, H] uint16."""
+    def write_sample(
+        self, index: int, aux: np.ndarray, final: np.ndarray, scale: np.ndarray | None = None
+    ) -> None:
+        """bf16: aux [T, K*H] and final [T, H] uint16 (bf16 bits).
+        fp8_e4m3: the same shapes in uint8 (e4m3 bits) and scale [T, K+1] float32."""
         lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])
         if self._written[index]:
             raise ValueError(f"sample {index} written twice")
-        for name, rows in (("aux", aux), ("final", final)):
-            if rows.shape != (hi - lo, self.widths[name]) or rows.dtype != np.uint16:
+        rows_of = {"aux": aux, "final": final}
+        if "scale" in self.widths:
+            rows_of["scale"] = scale
+        elif scale is not None:
+            raise ValueError(f"sample {index}: a scale was given to a {self.storage} store")
+        for name, rows in rows_of.items():
+            want = (hi - lo, self.widths[name])
+            if rows is None or rows.shape != want or rows.dtype != self.dtypes[name]:
+                got = None if rows is None else (rows.shape, rows.dtype)
                 raise ValueError(
-                    f"sample {index}: {name} has shape {rows.shape} {rows.dtype}, "
-                    f"expected {(hi - lo, self.widths[name])} uint16"
+                    f"sample {index}: {name} is {got}, expected {want} {np.dtype(self.dtypes[name])}"
                 )
         self._written[index] = True
         start = lo
@@ -185,12 +221,12 @@ class HiddenStoreWriter:
             stop = min(hi, chunk_lo + self._chunk_rows(chunk))
             if chunk not in self._pending:
                 self._pending[chunk] = {
-                    n: np.empty((self._chunk_rows(chunk), w), np.uint16) for n, w in self.widths.items()
+                    n: np.empty((self._chunk_rows(chunk), w), self.dtypes[n]) for n, w in self.widths.items()
                 }
                 self._filled[chunk] = 0
             buffers = self._pending[chunk]
-            buffers["aux"][start - chunk_lo : stop - chunk_lo] = aux[start - lo : stop - lo]
-            buffers["final"][start - chunk_lo : stop - chunk_lo] = final[start - lo : stop - lo]
+            for name, rows in rows_of.items():
+                buffers[name][start - chunk_lo : stop - chunk_lo] = rows[start - lo : stop - lo]
             self._filled[chunk] += stop - start
             if self._filled[chunk] == self._chunk_rows(chunk):
                 self._flush(chunk)
@@ -225,11 +261,12 @@ def hidden_store_writer(
     num_taps: int,
     attrs: Mapping,
     chunk_tokens: int = CHUNK_TOKENS,
+    storage: str = "bf16",
 ) -> Iterator[HiddenStoreWriter]:
     """Context manager: the store appears at `path` only if the block completes and every sample
     was written."""
     with atomic_dir(path) as tmp:
-        writer = HiddenStoreWriter(tmp, sample_offsets, hidden_size, num_taps, attrs, chunk_tokens)
+        writer = HiddenStoreWriter(tmp, sample_offsets, hidden_size, num_taps, attrs, chunk_tokens, storage)
         yield writer
         writer.finish()
 
@@ -243,8 +280,11 @@ class HiddenStore:
         self.attrs = dict(self.group.attrs)
         if self.attrs.get("format") != HIDDEN_FORMAT:
             raise ProvenanceError(f"{path}: not an eyas hidden store (format={self.attrs.get('format')!r})")
+        self.storage = self.attrs.get("storage", "bf16")  # stores before the fp8 option are bf16
+        check_storage(self.storage)
         self.aux = self.group["aux"]
         self.final = self.group["final"]
+        self.scale = self.group["scale"] if self.storage == "fp8_e4m3" else None
         self.sample_offsets = self.group["sample_offsets"][:]
 
     @property
@@ -252,9 +292,34 @@ class HiddenStore:
         return len(self.sample_offsets) - 1
 
     def sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(aux [T, K*H], final [T, H]) as bf16 tensors."""
+        """(aux [T, K*H], final [T, H]): bf16 tensors from a bf16 store, float32 ones (dequantized)
+        from an fp8 store."""
         lo, hi = int(self.sample_offsets[index]), int(self.sample_offsets[index + 1])
-        return uint16_to_bf16(self.aux[lo:hi]), uint16_to_bf16(self.final[lo:hi])
+        if self.scale is None:
+            return uint16_to_bf16(self.aux[lo:hi]), uint16_to_bf16(self.final[lo:hi])
+        scale = torch.from_numpy(self.scale[lo:hi])  # [T, K+1]
+        aux = torch.from_numpy(self.aux[lo:hi])  # [T, K*H] uint8
+        final = torch.from_numpy(self.final[lo:hi])  # [T, H] uint8
+        taps = scale.shape[1] - 1
+        aux = fp8_dequantize(aux.view(hi - lo, taps, -1), scale[:, :taps]).reshape(hi - lo, -1)
+        return aux, fp8_dequantize(final, scale[:, taps])
+
+
+def list_hidden_stores(directory: str | os.PathLike, num_shards: int) -> tuple[list[Path], list[int]]:
+    """The complete shard stores of one split, and the shard indices not (yet) there.
+
+    Stores appear only when complete (atomic rename), so a reader can start on the shards that
+    exist while extraction of the others is still running.
+    """
+    directory = Path(directory)
+    present, missing = [], []
+    for shard in range(num_shards):
+        path = directory / f"shard-{shard:05d}.zarr"
+        if (path / "zarr.json").exists():
+            present.append(path)
+        else:
+            missing.append(shard)
+    return present, missing
 
 
 def check_provenance(attrs: Mapping, expected: Mapping, where: str | os.PathLike) -> None:
