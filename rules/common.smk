@@ -16,7 +16,7 @@ STAGE_VERSION = {
     "prepare": 1,
     "tokenize": 1,
     "vocab": 1,
-    "extract": 1,
+    "extract": 2,
     "train": 1,
     "evaluate": 1,
     "export": 1,

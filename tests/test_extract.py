@@ -128,6 +128,38 @@ def test_plan_batches_sorted_packing_and_oversize():
         plan_batches([1], 0)
 
 
+def _brute_force_cost(widths: list[int], budget: int, overhead: int) -> float:
+    """Least padded + overhead cost over all contiguous partitions of descending widths."""
+    best = [0.0] + [float("inf")] * len(widths)
+    for j in range(1, len(widths) + 1):
+        for i in range(j):
+            size = j - i
+            if size * widths[i] <= budget or size == 1:
+                best[j] = min(best[j], best[i] + size * widths[i] + overhead)
+    return best[-1]
+
+
+def test_plan_batches_is_optimal_among_sorted_partitions():
+    rng = random.Random(1)
+    for _ in range(200):
+        lengths = [rng.randint(1, 60) for _ in range(rng.randint(1, 12))]
+        budget, overhead = rng.randint(1, 200), rng.choice([0, 5, 50])
+        plan = plan_batches(lengths, budget, batch_overhead_tokens=overhead)
+        cost = plan.padded_tokens + overhead * len(plan.batches)
+        widths = sorted(lengths, reverse=True)
+        assert cost == _brute_force_cost(widths, budget, overhead)
+
+
+def test_plan_batches_pads_conversation_like_lengths_under_five_percent():
+    # Lognormal lengths with the seed job's mean (~1.7k tokens), few samples per shard, large budgets:
+    # where a greedy fill pads 8-12%.
+    rng = np.random.default_rng(0)
+    for samples in (100, 230, 1000):
+        lengths = np.clip(rng.lognormal(np.log(1400), 0.65, samples), 64, 4096).astype(int).tolist()
+        for budget in (8192, 32768):
+            assert plan_batches(lengths, budget).padding_fraction < 0.05
+
+
 def test_validate_layer_ids_and_dtype():
     assert validate_layer_ids([1, 14, 26], 30) == [1, 14, 26]
     for bad in ([30], [-1], [1, 1], [], [1.5]):
@@ -177,6 +209,27 @@ def test_padded_batches_match_reference(
         # allow ~2 bf16 ulps.
         torch.testing.assert_close(aux.float(), _bf16(want), rtol=8e-3, atol=1e-3)
         torch.testing.assert_close(final.float(), _bf16(hidden_states[-1]), rtol=8e-3, atol=1e-3)
+
+
+def test_fp8_storage_round_trip(tmp_path, token_shard, tiny_model_dir, reference, samples):
+    """fp8_e4m3 stores about half the bytes; what it reads back is within e4m3's rounding."""
+    exact = _extract(token_shard, tmp_path / "bf16.zarr", tiny_model_dir, token_budget=1)
+    lossy = _extract(token_shard, tmp_path / "fp8.zarr", tiny_model_dir, token_budget=1, storage="fp8_e4m3")
+    store = HiddenStore(tmp_path / "fp8.zarr")
+    assert store.attrs["storage"] == "fp8_e4m3" and store.attrs["dtype"] == "float8_e4m3fn"
+    assert store.attrs["scale_rule"] == "per_token_per_tap_absmax"
+    # At H=64 the float32 scales are 4 bytes per 64-byte row (6%): real widths make them negligible.
+    assert lossy["bytes_stored"] < 0.7 * exact["bytes_stored"]
+    for s, (hidden_states, _) in enumerate(reference):
+        aux, final = store.sample(s)
+        assert aux.dtype == torch.float32 and aux.shape == (len(samples[s][0]), 3 * 64)
+        want = torch.cat([hidden_states[hf_hidden_index(v)] for v in LAYER_IDS], dim=-1)
+        for got, ref in (
+            (aux.view(len(aux), 3, 64), want.view(len(want), 3, 64)),
+            (final[:, None], hidden_states[-1][:, None]),
+        ):
+            err = (got - ref).norm(dim=-1) / ref.norm(dim=-1)  # per token and tap
+            assert float(err.max()) < 0.05  # e4m3: 3 mantissa bits, relative step <= 2**-4
 
 
 def test_provenance_attrs(tmp_path, token_shard, tiny_model_dir, samples, tokenizer):
@@ -284,6 +337,20 @@ def test_bad_inputs_are_refused(tmp_path, token_shard, tiny_model_dir, tokenizer
 
 
 # --------------------------------------------------------------------------- CUDA (skipped without it)
+@pytest.mark.gpu
+def test_cuda_fp8_matches_cpu_fp8(tmp_path, token_shard, tiny_model_dir):
+    """fp8 encoded on the GPU (fp32 compute) equals fp8 encoded on the CPU within one e4m3 step."""
+    _extract(token_shard, tmp_path / "cpu.zarr", tiny_model_dir, token_budget=64, storage="fp8_e4m3")
+    _extract(
+        token_shard, tmp_path / "gpu.zarr", tiny_model_dir, token_budget=64, storage="fp8_e4m3",
+        device="cuda", dtype="float32", writer_threads=2,
+    )  # fmt: skip
+    cpu, gpu = HiddenStore(tmp_path / "cpu.zarr"), HiddenStore(tmp_path / "gpu.zarr")
+    for s in range(cpu.num_samples):
+        for a, b in zip(cpu.sample(s), gpu.sample(s), strict=True):
+            assert float(((a - b).norm(dim=-1) / a.norm(dim=-1)).max()) < 0.07
+
+
 @pytest.mark.gpu
 def test_cuda_path_matches_cpu_reference(tmp_path, token_shard, tiny_model_dir, reference):
     """Pinned staging, non-blocking copies and the writer pool on a real GPU, fp32 and bf16 compute."""

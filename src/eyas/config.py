@@ -83,6 +83,13 @@ class ExtractSettings:
     """Compute dtype: `auto` = bf16 on CUDA, fp32 on CPU. Storage is always bf16."""
     token_budget: int = 8192
     """Padded tokens per forward batch."""
+    storage: Literal["bf16", "fp8_e4m3"] = "bf16"
+    """On-disk encoding: `bf16` (lossless) or `fp8_e4m3` (per-token, per-tap absmax scale; about half
+    the bytes, lossy: its reconstruction error is in bench/results/extract-*.json)."""
+    chunk_tokens: int = 256
+    """Tokens per Zarr chunk (bench/chunks.py: write speed, ratio and random-read amplification)."""
+    writer_threads: int | None = None
+    """Threads that compress and write chunks; null = the job's threads - 1."""
 
 
 @dataclass
@@ -159,6 +166,9 @@ class Config:
             ("vocab.draft_vocab_size", self.vocab.draft_vocab_size),
             ("train.ttt_steps", self.train.ttt_steps),
             ("evaluate.num_draft_tokens", self.evaluate.num_draft_tokens),
+            ("extract.token_budget", self.extract.token_budget),
+            ("extract.chunk_tokens", self.extract.chunk_tokens),
+            ("extract.writer_threads", self.extract.writer_threads or 1),
         ):
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")

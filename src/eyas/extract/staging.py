@@ -1,0 +1,104 @@
+"""Device side of extraction: encode a batch's taps on the device and start its copy to the host.
+
+The copy runs on a side stream into reused pinned buffers, so the next forward starts at once and
+the transfer overlaps it; an event tells the writer when the bytes have landed. FACTS §3: allocating
+pinned memory per batch cost a 1.5B target 36% of its speed, hence the pool.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from eyas.quant import fp8_quantize
+
+
+class PinnedPool:
+    """Reusable pinned host byte buffers. The writer queue's bound caps how many are in use."""
+
+    def __init__(self) -> None:
+        self._free: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+
+    def get(self, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            fitting = [i for i, buf in enumerate(self._free) if buf.numel() >= nbytes]
+            if fitting:  # the smallest that fits, so one large buffer is not spent on a small batch
+                best = min(fitting, key=lambda i: self._free[i].numel())
+                return self._free.pop(best)
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def release(self, buf: torch.Tensor) -> None:
+        with self._lock:
+            self._free.append(buf)
+
+
+@dataclass
+class StagedBatch:
+    """One batch on its way to disk, on the host (or landing there: wait for `ready`).
+
+    rows [B, T, (K+1)*H]: bf16 bits as uint16 (storage bf16) or e4m3 bits as uint8 (fp8_e4m3),
+    taps in layer_ids order then the final state. scale [B, T, K+1] float32 for fp8, else None.
+    """
+
+    indices: list[int]
+    lengths: list[int]
+    rows: torch.Tensor
+    scale: torch.Tensor | None
+    ready: torch.cuda.Event | None = None
+    buffers: tuple[torch.Tensor, ...] = ()  # pinned pool buffers to hand back once written
+
+
+def encode_batch(taps: list[torch.Tensor], final: torch.Tensor, storage: str):
+    """Taps (each [B, T, H]) and final [B, T, H] -> (rows [B, T, (K+1)H], scale [B, T, K+1] or None)."""
+    batch, length, hidden = final.shape
+    groups = len(taps) + 1
+    if storage == "bf16":
+        rows = torch.empty(batch, length, groups * hidden, dtype=torch.bfloat16, device=final.device)
+        for i, tensor in enumerate([*taps, final]):
+            rows[..., i * hidden : (i + 1) * hidden].copy_(tensor)  # copy_ rounds to bf16
+        return rows.view(torch.uint16), None
+    stacked = torch.stack([*taps, final], dim=2)  # [B, T, K+1, H]
+    bits, scale = fp8_quantize(stacked)  # [B, T, K+1, H] uint8, [B, T, K+1] float32
+    return bits.view(batch, length, groups * hidden), scale
+
+
+def _to_pinned(tensor: torch.Tensor, pool: PinnedPool) -> tuple[torch.Tensor, torch.Tensor]:
+    nbytes = tensor.numel() * tensor.element_size()
+    buffer = pool.get(nbytes)
+    host = buffer[:nbytes].view(tensor.dtype).view(tensor.shape)
+    host.copy_(tensor, non_blocking=True)
+    return host, buffer
+
+
+def stage_batch(
+    indices: list[int],
+    lengths: list[int],
+    taps: list[torch.Tensor],
+    final: torch.Tensor,
+    storage: str,
+    pool: PinnedPool | None,
+    copy_stream: torch.cuda.Stream | None,
+) -> StagedBatch:
+    """Encode on the device, then (CUDA) copy to pinned host memory on `copy_stream`."""
+    rows, scale = encode_batch(taps, final, storage)
+    if final.device.type != "cuda":
+        return StagedBatch(indices, lengths, rows, scale)
+    assert pool is not None and copy_stream is not None
+    copy_stream.wait_stream(torch.cuda.current_stream())  # the encode kernels must finish first
+    with torch.cuda.stream(copy_stream):
+        host_rows, buf_rows = _to_pinned(rows, pool)
+        buffers = [buf_rows]
+        host_scale = None
+        if scale is not None:
+            host_scale, buf_scale = _to_pinned(scale, pool)
+            buffers.append(buf_scale)
+        ready = torch.cuda.Event()
+        ready.record(copy_stream)
+    # The caching allocator must not hand these to the next forward before the copy has read them.
+    rows.record_stream(copy_stream)
+    if scale is not None:
+        scale.record_stream(copy_stream)
+    return StagedBatch(indices, lengths, host_rows, host_scale, ready, tuple(buffers))
