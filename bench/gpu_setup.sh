@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Prepare a lent GPU machine (its image has python3 with torch and transformers, no network) for the
+# benches: install the wheels carried in .whl (zarr, numcodecs, donfig, google-crc32c, gguf; fetched here
+# with `pip download --python-version 3.12 ...`, see the device notes in bench/README.md) and, when the
+# SmolLM2 GGUF was carried in pieces (.dev/p1, .dev/p2), reassemble it and convert it to an HF dir.
+# Source it:  . bench/gpu_setup.sh   (exports PYTHONPATH)
+set -euo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH="$PWD/src:/tmp/site"
+GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+if [[ -d .dev/p1 && -d .dev/p2 && ! -f /root/smollm2/config.json ]]; then
+  mkdir -p /root/gguf
+  cat .dev/p1/* .dev/p2/* > /root/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+  echo "$GGUF_SHA256  /root/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c -
+  python3 -c "from eyas.assets import gguf_to_hf; gguf_to_hf('/root/gguf/SmolLM2-135M-Instruct.Q4_1.gguf', '/root/smollm2')"
+fi
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader || true
