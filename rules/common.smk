@@ -4,7 +4,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from eyas.config import DEFAULT_MODEL_SOURCE, LLAMAFACTORY_PREFIX, load_config  # noqa: E402
+from eyas.config import ASSET_NAME_PATTERN, DEFAULT_MODEL_SOURCE, LLAMAFACTORY_PREFIX, load_config  # noqa: E402
 
 EYAS = load_config(config)
 SPLITS = ("train", "eval")
@@ -26,7 +26,7 @@ STAGE_VERSION = {
 wildcard_constraints:
     split="train|eval",
     shard=r"\d{5}",
-    name=r"[A-Za-z0-9_.\-]+",
+    name=ASSET_NAME_PATTERN,
 
 
 def model_dir():
