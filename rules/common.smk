@@ -20,6 +20,7 @@ STAGE_VERSION = {
     "train": 1,
     "evaluate": 1,
     "export": 1,
+    "validate": 1,
 }
 
 
@@ -61,6 +62,10 @@ def hidden_stores(split):
     return [f"results/hidden/{split}/shard-{i:05d}.zarr" for i in range(num_shards(split))]
 
 
+def manifests(split):
+    return [f"results/hidden/{split}/shard-{i:05d}.manifest.json" for i in range(num_shards(split))]
+
+
 def use_gpu(device):
     return 1 if device == "cuda" else 0
 
@@ -70,6 +75,7 @@ def get_final_output():
         "results/eval/summary.json",
         "results/eval/acceptance.png",
         "results/export/sglang",
+        *manifests("eval"),  # train manifests are train's inputs; eval stores are validated too
     ]
 
 

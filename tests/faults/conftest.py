@@ -79,3 +79,56 @@ def pytest_terminal_summary(terminalreporter):
     if _LEDGER.cases:
         counts = ", ".join(f"{k}={v}" for k, v in _LEDGER.counts().items())
         terminalreporter.write_line(f"eyas faults/bad inputs: {counts} -> {SUMMARY}")
+
+
+# --------------------------------------------------------------------------- a real store to break
+from faultkit import CONVERSATIONS, EXTRACT_KW  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def token_shard_path(tmp_path_factory, tokenizer) -> Path:
+    """One token shard of real chat-template samples, spanning several 256-token chunks."""
+    import numpy as np
+
+    from eyas.data.tokenize import build_sample
+    from eyas.provenance import chat_template_hash, tokenizer_hash
+    from eyas.store import write_token_shard
+
+    samples = []
+    for n in range(3):  # three rounds: ~900 tokens, 4 chunks
+        for user, assistant in CONVERSATIONS:
+            messages = [
+                {"role": "user", "content": f"{user} ({n})"},
+                {"role": "assistant", "content": assistant},
+            ]
+            ids, mask = build_sample(tokenizer, messages, None)
+            samples.append((np.asarray(ids, np.int32), np.asarray(mask, np.uint8)))
+    attrs = {
+        "split": "train",
+        "shard": 0,
+        "num_shards": 1,
+        "model_id": "tiny",
+        "tokenizer_hash": tokenizer_hash(tokenizer),
+        "chat_template_hash": chat_template_hash(tokenizer),
+        "max_length": 2048,
+        "eyas_version": "test",
+    }
+    path = tmp_path_factory.mktemp("fault_tokens") / "shard-00000.zarr"
+    write_token_shard(path, samples, [f"s{i}" for i in range(len(samples))], attrs)
+    return path
+
+
+@pytest.fixture(scope="session")
+def reference_store(tmp_path_factory, token_shard_path, tiny_model_dir) -> Path:
+    """The uninterrupted extraction every fault test compares against (one torch thread)."""
+    import torch
+
+    from eyas.extract.hf_backend import extract_shard
+
+    threads = torch.get_num_threads()
+    out = tmp_path_factory.mktemp("fault_reference") / "shard-00000.zarr"
+    try:
+        extract_shard(str(token_shard_path), str(out), str(tiny_model_dir), **EXTRACT_KW)
+    finally:
+        torch.set_num_threads(threads)
+    return out
