@@ -215,7 +215,7 @@ class BatchWriter:
 
     def _raise(self) -> None:
         if self.error is not None:
-            raise RuntimeError("extract: the writer thread failed") from self.error
+            raise RuntimeError(f"extract: the writer thread failed: {self.error}") from self.error
 
     def close(self) -> None:
         """Drain the queue, wait for every chunk on disk, re-raise a writer error."""
@@ -336,8 +336,9 @@ def extract_shard(
                 writer.put(StagedBatch(indices, batch_lengths, rows, ready, buffer))
                 bar.update(sum(batch_lengths))
             writer.close()
-        except BaseException:
+        except BaseException as err:
             writer.abort()
+            err.add_note(f"extract: while writing hidden store {out_store} (not created)")
             raise
         finally:
             bar.close()
