@@ -14,6 +14,7 @@ include: "rules/common.smk"
 include: "rules/assets.smk"
 include: "rules/data.smk"
 include: "rules/extract.smk"
+include: "rules/validate.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from eyas.config import DEFAULT_MODEL_SOURCE, LLAMAFACTORY_PREFIX, load_config  # noqa: E402
+from eyas.config import ASSET_NAME_PATTERN, DEFAULT_MODEL_SOURCE, LLAMAFACTORY_PREFIX, load_config  # noqa: E402
 
 EYAS = load_config(config)
 SPLITS = ("train", "eval")
@@ -20,13 +20,14 @@ STAGE_VERSION = {
     "train": 1,
     "evaluate": 1,
     "export": 1,
+    "validate": 1,
 }
 
 
 wildcard_constraints:
     split="train|eval",
     shard=r"\d{5}",
-    name=r"[A-Za-z0-9_.\-]+",
+    name=ASSET_NAME_PATTERN,
 
 
 def model_dir():
@@ -61,6 +62,10 @@ def hidden_stores(split):
     return [f"results/hidden/{split}/shard-{i:05d}.zarr" for i in range(num_shards(split))]
 
 
+def manifests(split):
+    return [f"results/hidden/{split}/shard-{i:05d}.manifest.json" for i in range(num_shards(split))]
+
+
 def use_gpu(device):
     return 1 if device == "cuda" else 0
 
@@ -70,6 +75,7 @@ def get_final_output():
         "results/eval/summary.json",
         "results/eval/acceptance.png",
         "results/export/sglang",
+        *manifests("eval"),  # train manifests are train's inputs; eval stores are validated too
     ]
 
 

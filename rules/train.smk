@@ -5,6 +5,7 @@ rule train:
     input:
         tokens="results/tokens/train",
         stores=hidden_stores("train"),
+        manifests=manifests("train"),
         vocab="results/vocab/draft_vocab.safetensors",
         model=model_dir(),
     output:

@@ -29,5 +29,6 @@ stats = train(
     out_dir=sm.output.drafter,
     log_path=sm.output.log_csv,
     expected_provenance=expected,
+    manifests=list(sm.input.manifests),
 )
 log.info("train: %s", json.dumps(stats))

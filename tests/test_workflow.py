@@ -33,6 +33,7 @@ ALL_RULES = {
     "train",
     "evaluate",
     "export_sglang",
+    "validate",
     "all",
 }
 
@@ -72,7 +73,9 @@ def test_dry_run_lists_every_stage(workdir):
     jobs = planned_jobs(snakemake(workdir, "-n"))
     assert set(jobs) == ALL_RULES
     # one extraction job per shard: 2 train + 1 eval (tests/workflow/config.yaml)
-    assert jobs["extract"] == 3 and jobs["tokenize"] == 2 and jobs["fetch_data"] == 2
+    assert (
+        jobs["extract"] == 3 and jobs["validate"] == 3 and jobs["tokenize"] == 2 and jobs["fetch_data"] == 2
+    )
 
 
 def test_full_run_then_nothing_to_do(workdir):
@@ -103,7 +106,7 @@ def test_forcerun_one_shard_reruns_exactly_it_and_its_dependants(workdir):
     results = workdir / "results"
     target = "results/hidden/train/shard-00001.zarr"
     plan = planned_jobs(snakemake(workdir, "-n", "--forcerun", target))
-    assert plan == {"extract": 1, "train": 1, "evaluate": 1, "export_sglang": 1, "all": 1}
+    assert plan == {"extract": 1, "validate": 1, "train": 1, "evaluate": 1, "export_sglang": 1, "all": 1}
 
     other = results / "hidden" / "train" / "shard-00000.zarr"
     other_mtime = other.stat().st_mtime_ns

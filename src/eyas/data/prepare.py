@@ -35,6 +35,38 @@ class InputFileError(ValueError):
     """An input file that cannot be read as records at all (names the file and position)."""
 
 
+# Byte-order marks of the encodings a JSON file is most often saved in by mistake (UTF-32 first: its
+# little-endian mark starts with UTF-16's).
+_WIDE_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+
+
+def _check_not_wide(path: Path, head: bytes) -> None:
+    """UTF-16/32 text splits into lines of NUL-interleaved bytes that each fail on their own; name the
+    real problem once, for the whole file. JSON text never holds a raw NUL byte."""
+    for bom, name in _WIDE_BOMS:
+        if head.startswith(bom):
+            raise InputFileError(f"{path}:1:1: file is {name} (byte-order mark); eyas reads UTF-8 only")
+    nul = head.find(b"\x00")
+    if nul >= 0:
+        raise InputFileError(
+            f"{path}:1:{nul + 1}: NUL byte: the file looks UTF-16/32 encoded (no "
+            "byte-order mark); eyas reads UTF-8 only"
+        )
+
+
+def _loads(text: str) -> Any:
+    """json.loads, with nesting too deep for Python's parser reported as a JSON error."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text, 0) from None
+
+
 @dataclass
 class RawRecord:
     source: str  # "<file>:<line>" or "<file>:<index>"
@@ -49,13 +81,14 @@ def _line_of_offset(data: bytes, offset: int) -> tuple[int, int]:
 
 def _read_json_list(path: Path) -> Iterator[RawRecord]:
     data = path.read_bytes()
+    _check_not_wide(path, data[:4096])
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line, col = _line_of_offset(data, err.start)
         raise InputFileError(f"{path}:{line}:{col}: not valid UTF-8 (byte {err.start})") from None
     try:
-        records = json.loads(text)
+        records = _loads(text)
     except json.JSONDecodeError as err:
         raise InputFileError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
     if not isinstance(records, list):
@@ -67,6 +100,8 @@ def _read_json_list(path: Path) -> Iterator[RawRecord]:
 def _read_jsonl(path: Path) -> Iterator[RawRecord]:
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, start=1):
+            if number == 1:
+                _check_not_wide(path, raw[:4096])
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]  # a UTF-8 byte-order mark is not part of the first record
             if not raw.strip():
@@ -81,7 +116,7 @@ def _read_jsonl(path: Path) -> Iterator[RawRecord]:
                 )
                 continue
             try:
-                yield RawRecord(source, json.loads(line))
+                yield RawRecord(source, _loads(line))
             except json.JSONDecodeError as err:
                 yield RawRecord(
                     source, line, RecordRejected("invalid_json", f"column {err.colno}: {err.msg}")
@@ -131,10 +166,21 @@ def truncate_record(record: Any) -> Any:
     return text[:MAX_REJECT_RECORD_CHARS] + f"...[truncated, {len(text)} chars]"
 
 
+def dumps_line(row: dict) -> str:
+    """One JSONL line, readable UTF-8; a row holding a lone surrogate (a raw rejected record) is
+    written with ASCII escapes instead, so it can still be written and read back."""
+    text = json.dumps(row, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(row)
+    return text + "\n"
+
+
 def _write_jsonl(path: str | os.PathLike, rows: list[dict]) -> None:
     with atomic_file(path) as fh:
         for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            fh.write(dumps_line(row))
 
 
 def prepare(

@@ -38,7 +38,7 @@ import numpy as np
 
 from eyas.atomic import atomic_file
 from eyas.data.formats import ROLES
-from eyas.data.prepare import truncate_record
+from eyas.data.prepare import dumps_line, truncate_record
 from eyas.provenance import EYAS_VERSION, chat_template_hash, tokenizer_hash
 from eyas.store import write_token_shard
 from eyas.target import load_tokenizer
@@ -277,7 +277,7 @@ def tokenize_split(
     }
     with atomic_file(out_rejects) as fh:
         for row in rejects:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            fh.write(dumps_line(row))
     with atomic_file(out_stats) as fh:
         json.dump(stats, fh, indent=2)
         fh.write("\n")

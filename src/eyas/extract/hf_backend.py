@@ -154,8 +154,9 @@ def run_extraction(
                 writer.put(staged)
                 bar.update(sum(lengths))
             writer.close()
-        except BaseException:
+        except BaseException as err:
             writer.abort()
+            err.add_note(f"extract: while writing hidden store {out_store} (not created)")
             raise
         finally:
             bar.close()

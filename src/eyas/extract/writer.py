@@ -123,7 +123,7 @@ class BatchWriter:
 
     def _raise(self) -> None:
         if self.error is not None:
-            raise RuntimeError("extract: the writer thread failed") from self.error
+            raise RuntimeError(f"extract: the writer thread failed: {self.error}") from self.error
 
     def close(self) -> None:
         """Drain the queue, wait for every chunk on disk, re-raise a writer error."""

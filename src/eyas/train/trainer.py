@@ -32,6 +32,7 @@ from eyas.store import ProvenanceError, check_provenance
 from eyas.target import load_embed_and_head, load_target_tensor, read_config
 from eyas.train.loader import PairedLoader
 from eyas.train.loss import teacher_from_final, ttt_loss
+from eyas.validate import check_manifests
 from eyas.vocab import load_draft_vocab
 
 log = logging.getLogger("eyas.train")
@@ -146,8 +147,14 @@ def train(
     out_dir: str,
     log_path: str,
     expected_provenance: dict,
+    manifests: list[str] | None = None,
 ) -> dict:
-    """Train a drafter; write it to `out_dir` and the CSV log to `log_path`. Returns run statistics."""
+    """Train a drafter; write it to `out_dir` and the CSV log to `log_path`. Returns run statistics.
+
+    `manifests` (the validate rule's, one per store): each store must have a passing, current one.
+    """
+    if manifests is not None:
+        check_manifests(hidden_stores, manifests)
     if settings.threads:
         torch.set_num_threads(settings.threads)
     device = resolve_device(settings.device)

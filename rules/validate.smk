@@ -1,0 +1,26 @@
+# One validation job per hidden store: checked against its token shard, a manifest that training requires.
+
+
+rule validate:
+    input:
+        tokens="results/tokens/{split}",
+        store="results/hidden/{split}/shard-{shard}.zarr",
+        model=model_dir(),
+    output:
+        manifest="results/hidden/{split}/shard-{shard}.manifest.json",
+    log:
+        "results/logs/validate/{split}-{shard}.log",
+    benchmark:
+        "results/benchmarks/validate/{split}-{shard}.tsv"
+    conda:
+        "../envs/eyas.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,  # one 4096-token block of aux bits at a time (~100 MB at K*H = 12288) + the token shard
+        runtime=30,
+    params:
+        layer_ids=EYAS.model.aux_layer_ids,
+        model_id=EYAS.model_id,
+        version=STAGE_VERSION["validate"],
+    script:
+        "../scripts/validate.py"

@@ -1,0 +1,23 @@
+"""Validate one hidden store against its token shard; write its manifest (training requires it)."""
+
+import json
+from pathlib import Path
+
+from eyas.logs import setup_stage_logging
+from eyas.provenance import model_hash
+from eyas.target import default_aux_layer_ids, read_config
+from eyas.validate import validate_store, write_manifest
+
+sm = snakemake  # noqa: F821
+log = setup_stage_logging(sm.log[0], "validate")
+layer_ids = sm.params.layer_ids or default_aux_layer_ids(read_config(sm.input.model)["num_hidden_layers"])
+expected = {"model_id": sm.params.model_id, "model_hash": model_hash(sm.input.model), "layer_ids": layer_ids}
+shard = Path(sm.input.tokens) / f"shard-{sm.wildcards.shard}.zarr"
+manifest = validate_store(shard, sm.input.store, expected)
+write_manifest(sm.output.manifest, manifest)
+log.info(
+    "validate %s/%s: %s",
+    sm.wildcards.split,
+    sm.wildcards.shard,
+    json.dumps({k: manifest[k] for k in ("arrays", "nonfinite", "seconds")}),
+)

@@ -1,0 +1,277 @@
+"""Validate a hidden store against its token shard and record a manifest that training checks.
+
+A store that exists is complete (atomic rename), but it can still be wrong: extracted from another
+shard or model, chunks lost on a bad disk or by a hand copy (a missing chunk reads back as zeros,
+silently), NaN/Inf from an overflowing target. `validate_store` checks all of it and returns the
+manifest: provenance, shapes, NaN/Inf counts per tap, and per array a sha256 over the stored (encoded)
+chunk files. `check_manifest` is the cheap check a consumer runs before reading a store (manifest
+present and passed, store attrs unchanged, chunk files' count and bytes unchanged: stat only);
+`verify_manifest` re-hashes every chunk file.
+
+The store is read through `eyas.store.HiddenStore` and its attrs only. bf16 arrays (stored as uint16
+bits) are scanned bit-wise: a value is non-finite iff its exponent bits are all ones (NaN: mantissa
+non-zero, Inf: mantissa zero). Other stored dtypes are scanned through `HiddenStore.sample`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eyas.atomic import atomic_file
+from eyas.provenance import EYAS_VERSION, FINAL_NORM, LAYER_ID_CONVENTION, sha256_array
+from eyas.store import HiddenStore, read_token_shard
+
+MANIFEST_FORMAT = "eyas.manifest/1"
+# Provenance every hidden store must carry (docs/design.md, "hidden store").
+REQUIRED_ATTRS = (
+    "format",
+    "model_id",
+    "model_hash",
+    "layer_ids",
+    "layer_id_convention",
+    "final_norm",
+    "hidden_size",
+    "num_taps",
+    "dtype",
+    "tokenizer_hash",
+    "chat_template_hash",
+    "tokens_checksum",
+    "num_samples",
+    "num_tokens",
+    "split",
+    "shard",
+    "eyas_version",
+)
+SHARD_FIELDS = (
+    "tokenizer_hash",
+    "chat_template_hash",
+    "split",
+    "shard",
+    "model_id",
+)  # must equal the shard's
+BF16_EXPONENT = 0x7F80  # bf16 bits: sign 1, exponent 8, mantissa 7
+BF16_MANTISSA = 0x007F
+SCAN_ROWS = 4096  # tokens per block of the NaN/Inf scan: bounded memory, whole 256-token chunks
+
+
+class StoreInvalid(ValueError):
+    """A hidden store failed validation, or its manifest is missing, failed or stale."""
+
+
+# --------------------------------------------------------------------------- pure helpers
+def nonfinite_bf16(bits: np.ndarray) -> tuple[int, int]:
+    """(NaN count, Inf count) of bf16 values given as their uint16 bits."""
+    bits = np.asarray(bits, dtype=np.uint16)
+    special = (bits & BF16_EXPONENT) == BF16_EXPONENT
+    nan = int(np.count_nonzero(special & ((bits & BF16_MANTISSA) != 0)))
+    return nan, int(np.count_nonzero(special)) - nan
+
+
+def attrs_sha256(attrs: Mapping) -> str:
+    return hashlib.sha256(json.dumps(dict(attrs), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _array_files(store: Path, name: str) -> list[Path]:
+    folder = store / name
+    return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+
+
+def chunk_summary(store: str | os.PathLike, name: str, hash_bytes: bool = True) -> dict:
+    """Files, bytes and (optionally) a sha256 over the relative path and bytes of every stored file of
+    array `name` (its chunk files and metadata), in path order."""
+    store = Path(store)
+    files = _array_files(store, name)
+    digest = hashlib.sha256()
+    size = 0
+    for path in files:
+        size += path.stat().st_size
+        if hash_bytes:
+            digest.update(path.relative_to(store).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes())
+    summary = {"files": len(files), "bytes": size}
+    if hash_bytes:
+        summary["sha256"] = digest.hexdigest()
+    return summary
+
+
+# --------------------------------------------------------------------------- validation
+def _tap_names(attrs: Mapping) -> list[str]:
+    return [f"aux[{i}] layer {v}" for i, v in enumerate(attrs.get("layer_ids") or [])]
+
+
+def _scan_nonfinite(store: HiddenStore, num_taps: int, hidden: int) -> dict[str, dict[str, int]]:
+    names = [*_tap_names(store.attrs)[:num_taps], "final"]
+    counts = {name: {"nan": 0, "inf": 0} for name in names}
+
+    def add(name: str, nan: int, inf: int) -> None:
+        counts[name]["nan"] += nan
+        counts[name]["inf"] += inf
+
+    total = int(store.sample_offsets[-1])
+    if store.attrs.get("dtype") == "bfloat16" and store.aux.dtype == np.uint16:
+        for lo in range(0, total, SCAN_ROWS):
+            aux = store.aux[lo : lo + SCAN_ROWS]  # [rows, K*H] uint16 bits
+            for tap in range(num_taps):
+                add(names[tap], *nonfinite_bf16(aux[:, tap * hidden : (tap + 1) * hidden]))
+            add("final", *nonfinite_bf16(store.final[lo : lo + SCAN_ROWS]))
+        return counts
+    for index in range(store.num_samples):  # any other stored dtype: through the reader's tensors
+        aux, final = store.sample(index)
+        aux, final = aux.float(), final.float()  # [T, K*H], [T, H]
+        for tap in range(num_taps):
+            part = aux[:, tap * hidden : (tap + 1) * hidden]
+            add(names[tap], int(torch.isnan(part).sum()), int(torch.isinf(part).sum()))
+        add("final", int(torch.isnan(final).sum()), int(torch.isinf(final).sum()))
+    return counts
+
+
+def validate_store(
+    token_shard: str | os.PathLike, hidden_store: str | os.PathLike, expected: Mapping | None = None
+) -> dict:
+    """Check `hidden_store` against `token_shard` (and `expected` provenance); return its manifest.
+
+    Raises `StoreInvalid` listing every problem found (each names the field).
+    """
+    started = time.perf_counter()
+    where = os.fspath(hidden_store)
+    try:
+        store = HiddenStore(hidden_store)
+    except Exception as err:  # not a zarr group, or not an eyas store
+        raise StoreInvalid(f"{where}: cannot be opened as a hidden store: {err}") from err
+    shard = read_token_shard(token_shard)
+    attrs = store.attrs
+    problems: list[str] = []
+
+    def expect(field: str, have, want, why: str) -> None:
+        if have != want:
+            problems.append(f"field {field!r} is {have!r}, expected {want!r} ({why})")
+
+    missing = [f for f in REQUIRED_ATTRS if f not in attrs]
+    if missing:
+        problems.append(f"provenance fields missing: {missing}")
+    num_tokens = len(shard.input_ids)
+    expect("num_samples", attrs.get("num_samples"), shard.num_samples, "token shard's samples")
+    expect("num_tokens", attrs.get("num_tokens"), num_tokens, "token shard's input_ids")
+    expect("tokens_checksum", attrs.get("tokens_checksum"), sha256_array(shard.input_ids), "token shard")
+    for field in SHARD_FIELDS:
+        if field in shard.attrs:
+            expect(field, attrs.get(field), shard.attrs[field], "token shard attrs")
+    if not np.array_equal(store.sample_offsets, shard.sample_offsets):
+        problems.append("array 'sample_offsets' differs from the token shard's")
+    expect("layer_id_convention", attrs.get("layer_id_convention"), LAYER_ID_CONVENTION, "docs/design.md")
+    expect("final_norm", attrs.get("final_norm"), FINAL_NORM, "docs/design.md")
+    layer_ids = attrs.get("layer_ids") or []
+    num_taps, hidden = int(attrs.get("num_taps") or 0), int(attrs.get("hidden_size") or 0)
+    expect("num_taps", num_taps, len(layer_ids), "len(layer_ids)")
+    for field, want in (expected or {}).items():
+        expect(
+            field, attrs.get(field), list(want) if isinstance(want, tuple) else want, "expected provenance"
+        )
+
+    arrays = {}
+    for name, array, width in (("aux", store.aux, num_taps * hidden), ("final", store.final, hidden)):
+        expect(f"{name}.shape", tuple(array.shape), (num_tokens, width), "tokens x width from attrs")
+        if attrs.get("dtype") == "bfloat16":
+            expect(f"{name}.dtype", str(array.dtype), "uint16", "bf16 is stored as uint16 bits")
+        if array.nchunks_initialized != array.nchunks:
+            problems.append(
+                f"array {name!r}: {array.nchunks - array.nchunks_initialized} of {array.nchunks} chunks "
+                "missing on disk (they would read back as zeros)"
+            )
+        arrays[name] = {
+            "shape": list(array.shape),
+            "dtype": str(array.dtype),
+            "chunks": list(array.chunks),
+            **chunk_summary(hidden_store, name),
+        }
+    nonfinite = {}
+    if not problems:  # a scan of a store of the wrong shape would only add noise
+        nonfinite = _scan_nonfinite(store, num_taps, hidden)
+        for tap, counts in nonfinite.items():
+            if counts["nan"] or counts["inf"]:
+                problems.append(f"{tap}: {counts['nan']} NaN, {counts['inf']} Inf values")
+    if problems:
+        raise StoreInvalid(f"{where} (token shard {os.fspath(token_shard)}): " + "; ".join(problems))
+    return {
+        "format": MANIFEST_FORMAT,
+        "store": where,
+        "store_name": Path(hidden_store).name,
+        "token_shard": os.fspath(token_shard),
+        "attrs_sha256": attrs_sha256(attrs),
+        "provenance": {f: attrs.get(f) for f in REQUIRED_ATTRS},
+        "arrays": arrays,
+        "nonfinite": nonfinite,
+        "ok": True,
+        "validated_by": EYAS_VERSION,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def write_manifest(path: str | os.PathLike, manifest: Mapping) -> None:
+    with atomic_file(path) as fh:
+        json.dump(manifest, fh, indent=1)
+        fh.write("\n")
+
+
+# --------------------------------------------------------------------------- consumers
+def _load_manifest(store: Path, manifest_path: str | os.PathLike) -> dict:
+    try:
+        manifest = json.loads(Path(manifest_path).read_text())
+    except FileNotFoundError:
+        raise StoreInvalid(f"{store}: no manifest at {manifest_path}: run the validate rule first") from None
+    except json.JSONDecodeError as err:
+        raise StoreInvalid(f"{manifest_path}: not valid JSON ({err})") from None
+    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("ok") is not True:
+        raise StoreInvalid(f"{manifest_path}: field 'format'/'ok' is not {MANIFEST_FORMAT!r}/true")
+    if manifest.get("store_name") != store.name:
+        raise StoreInvalid(
+            f"{manifest_path}: field 'store_name' is {manifest.get('store_name')!r}, not {store.name!r}"
+        )
+    return manifest
+
+
+def check_manifest(hidden_store: str | os.PathLike, manifest_path: str | os.PathLike) -> dict:
+    """Refuse a store whose manifest is missing, failed, or no longer matches it (attrs, chunk files'
+    count and bytes). Cheap: reads the attrs and stats the files."""
+    store = Path(hidden_store)
+    manifest = _load_manifest(store, manifest_path)
+    have = attrs_sha256(HiddenStore(store).attrs)
+    if have != manifest["attrs_sha256"]:
+        raise StoreInvalid(
+            f"{store}: field 'attrs_sha256' is {have}, the manifest {manifest_path} has another"
+        )
+    for name, recorded in manifest["arrays"].items():
+        now = chunk_summary(store, name, hash_bytes=False)
+        for field in ("files", "bytes"):
+            if now[field] != recorded[field]:
+                raise StoreInvalid(
+                    f"{store}: array {name!r} field {field!r} is {now[field]}, manifest {manifest_path} "
+                    f"recorded {recorded[field]}: the store changed since it was validated"
+                )
+    return manifest
+
+
+def verify_manifest(hidden_store: str | os.PathLike, manifest_path: str | os.PathLike) -> dict:
+    """`check_manifest` plus a re-hash of every stored chunk file."""
+    manifest = check_manifest(hidden_store, manifest_path)
+    for name, recorded in manifest["arrays"].items():
+        digest = chunk_summary(hidden_store, name)["sha256"]
+        if digest != recorded["sha256"]:
+            raise StoreInvalid(f"{hidden_store}: array {name!r} field 'sha256' differs from {manifest_path}")
+    return manifest
+
+
+def check_manifests(hidden_stores: list[str], manifests: list[str]) -> None:
+    """Every store must have a passing, current manifest (the train rule's inputs, in order)."""
+    if len(hidden_stores) != len(manifests):
+        raise StoreInvalid(f"{len(hidden_stores)} hidden stores but {len(manifests)} manifests")
+    for store, manifest in zip(hidden_stores, manifests, strict=True):
+        check_manifest(store, manifest)

@@ -1,0 +1,134 @@
+"""The fault / bad-input ledger: every case a test here injects is counted, and the counts are written.
+
+A case counts as *tried* (bad input) or *injected* (fault) when its `with ledger.case(...)` block is
+entered and as *handled* / *survived* only when the block exits without an error, i.e. after the test's
+own assertions about it passed. At the end of the session the counts go to `results/faults/summary.json`
+(or `$EYAS_FAULTS_SUMMARY`), atomically, and the path is printed in pytest's terminal summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parents[2]
+SUMMARY = Path(os.environ.get("EYAS_FAULTS_SUMMARY", REPO / "results" / "faults" / "summary.json"))
+KINDS = ("bad_input", "fault")
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.cases: list[dict] = []
+
+    @contextlib.contextmanager
+    def case(self, kind: str, name: str, expect: str):
+        """Record one bad input or fault; `expect` says how it must be handled."""
+        assert kind in KINDS, kind
+        entry = {"kind": kind, "name": name, "expect": expect, "ok": False}
+        self.cases.append(entry)
+        yield entry
+        entry["ok"] = True
+
+    def counts(self) -> dict:
+        def count(kind: str, ok: bool | None = None) -> int:
+            return sum(1 for c in self.cases if c["kind"] == kind and (ok is None or c["ok"] == ok))
+
+        return {
+            "faults_injected": count("fault"),
+            "faults_survived": count("fault", True),
+            "bad_inputs_tried": count("bad_input"),
+            "bad_inputs_handled": count("bad_input", True),
+        }
+
+
+_LEDGER = Ledger()
+
+
+@pytest.fixture(scope="session")
+def ledger() -> Ledger:
+    return _LEDGER
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _LEDGER.cases:
+        return
+    summary = {
+        **_LEDGER.counts(),
+        "cases": _LEDGER.cases,
+        "command": " ".join(["pytest", *sys.argv[1:]]),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "euid_root": hasattr(os, "geteuid") and os.geteuid() == 0,
+    }
+    from eyas.atomic import atomic_file
+
+    with atomic_file(SUMMARY) as fh:
+        json.dump(summary, fh, indent=1)
+        fh.write("\n")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _LEDGER.cases:
+        counts = ", ".join(f"{k}={v}" for k, v in _LEDGER.counts().items())
+        terminalreporter.write_line(f"eyas faults/bad inputs: {counts} -> {SUMMARY}")
+
+
+# --------------------------------------------------------------------------- a real store to break
+from faultkit import CONVERSATIONS, EXTRACT_KW  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def token_shard_path(tmp_path_factory, tokenizer) -> Path:
+    """One token shard of real chat-template samples, spanning several 256-token chunks."""
+    import numpy as np
+
+    from eyas.data.tokenize import build_sample
+    from eyas.provenance import chat_template_hash, tokenizer_hash
+    from eyas.store import write_token_shard
+
+    samples = []
+    for n in range(3):  # three rounds: ~900 tokens, 4 chunks
+        for user, assistant in CONVERSATIONS:
+            messages = [
+                {"role": "user", "content": f"{user} ({n})"},
+                {"role": "assistant", "content": assistant},
+            ]
+            ids, mask = build_sample(tokenizer, messages, None)
+            samples.append((np.asarray(ids, np.int32), np.asarray(mask, np.uint8)))
+    attrs = {
+        "split": "train",
+        "shard": 0,
+        "num_shards": 1,
+        "model_id": "tiny",
+        "tokenizer_hash": tokenizer_hash(tokenizer),
+        "chat_template_hash": chat_template_hash(tokenizer),
+        "max_length": 2048,
+        "eyas_version": "test",
+    }
+    path = tmp_path_factory.mktemp("fault_tokens") / "shard-00000.zarr"
+    write_token_shard(path, samples, [f"s{i}" for i in range(len(samples))], attrs)
+    return path
+
+
+@pytest.fixture(scope="session")
+def reference_store(tmp_path_factory, token_shard_path, tiny_model_dir) -> Path:
+    """The uninterrupted extraction every fault test compares against (one torch thread)."""
+    import torch
+
+    from eyas.extract.hf_backend import extract_shard
+
+    threads = torch.get_num_threads()
+    out = tmp_path_factory.mktemp("fault_reference") / "shard-00000.zarr"
+    try:
+        extract_shard(str(token_shard_path), str(out), str(tiny_model_dir), **EXTRACT_KW)
+    finally:
+        torch.set_num_threads(threads)
+    return out

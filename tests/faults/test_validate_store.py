@@ -1,0 +1,154 @@
+"""Store validation (eyas.validate) on a real extracted store, and on copies broken on purpose."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from faultkit import LAYER_IDS
+
+from eyas.provenance import LAYER_ID_CONVENTION, model_hash
+from eyas.store import HiddenStore, write_token_shard
+from eyas.validate import (
+    StoreInvalid,
+    check_manifest,
+    check_manifests,
+    nonfinite_bf16,
+    validate_store,
+    verify_manifest,
+    write_manifest,
+)
+
+
+def test_nonfinite_bf16_matches_torch_on_every_bit_pattern():
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    values = torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16)
+    assert nonfinite_bf16(bits) == (int(torch.isnan(values).sum()), int(torch.isinf(values).sum()))
+    assert nonfinite_bf16(bits) == (254, 2)  # 2 signs x 127 NaN mantissas; +-Inf
+
+
+@pytest.fixture
+def store_copy(reference_store, tmp_path) -> Path:
+    path = tmp_path / reference_store.name
+    shutil.copytree(reference_store, path)
+    return path
+
+
+def test_valid_store_gives_a_manifest_that_consumers_accept(
+    reference_store, token_shard_path, tiny_model_dir, tmp_path
+):
+    expected = {"model_hash": model_hash(tiny_model_dir), "layer_ids": LAYER_IDS, "model_id": "tiny"}
+    manifest = validate_store(token_shard_path, reference_store, expected)
+    store = HiddenStore(reference_store)
+    assert manifest["ok"] and manifest["provenance"]["layer_id_convention"] == LAYER_ID_CONVENTION
+    assert list(manifest["nonfinite"]) == [f"aux[{i}] layer {v}" for i, v in enumerate(LAYER_IDS)] + ["final"]
+    assert all(c == {"nan": 0, "inf": 0} for c in manifest["nonfinite"].values())
+    for name in ("aux", "final"):
+        array = getattr(store, name)
+        assert array.nchunks >= 4  # the fixture spans several chunks
+        assert manifest["arrays"][name]["files"] == array.nchunks + 1  # chunk files + zarr.json
+    path = tmp_path / "shard-00000.manifest.json"
+    write_manifest(path, manifest)
+    assert json.loads(path.read_text()) == manifest
+    verify_manifest(reference_store, path)
+    check_manifests([str(reference_store)], [str(path)])
+
+
+def _broken(kind: str, store: Path, token_shard: Path, tmp_path: Path) -> tuple[Path, dict | None]:
+    """Break `store` (or pick a wrong shard / expectation); return the token shard to check against."""
+    group = zarr.open_group(store, mode="r+")
+    hidden = group.attrs["hidden_size"]
+    if kind == "nan_in_tap1":
+        rows = group["aux"][10:13]
+        rows[:, hidden + 5] = 0x7FC0  # a quiet NaN in tap 1
+        group["aux"][10:13] = rows
+    elif kind == "inf_in_final":
+        rows = group["final"][300:301]
+        rows[0, :4] = 0xFF80  # -Inf
+        group["final"][300:301] = rows
+    elif kind == "chunk_file_deleted":
+        (store / "aux" / "c" / "1" / "0").unlink()
+    elif kind == "wrong_token_shard":
+        other = tmp_path / "other-tokens.zarr"
+        attrs = {k: v for k, v in zarr.open_group(token_shard, mode="r").attrs.items()}
+        write_token_shard(other, [(np.arange(5, dtype=np.int32), np.ones(5, np.uint8))], ["x"], attrs)
+        return other, None
+    elif kind == "provenance_missing":
+        attrs = dict(group.attrs)
+        del attrs["model_hash"]
+        group.attrs.clear()
+        group.attrs.update(attrs)
+    elif kind == "other_model":
+        return token_shard, {"model_hash": "0" * 64}
+    elif kind == "not_a_store":
+        shutil.rmtree(store)
+        store.mkdir()
+    return token_shard, None
+
+
+BROKEN = {  # kind -> text the StoreInvalid must hold
+    "nan_in_tap1": f"aux[1] layer {LAYER_IDS[1]}: 3 NaN, 0 Inf",
+    "inf_in_final": "final: 0 NaN, 4 Inf",
+    "chunk_file_deleted": "array 'aux': 1 of ",  # then: N chunks missing on disk
+    "wrong_token_shard": "field 'num_samples'",
+    "provenance_missing": "provenance fields missing: ['model_hash']",
+    "other_model": "field 'model_hash'",
+    "not_a_store": "cannot be opened as a hidden store",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN))
+def test_broken_store_is_refused_naming_the_problem(kind, store_copy, token_shard_path, tmp_path, ledger):
+    with ledger.case("bad_input", f"hidden store: {kind}", "StoreInvalid naming the field/tap"):
+        shard, expected = _broken(kind, store_copy, token_shard_path, tmp_path)
+        with pytest.raises(StoreInvalid) as err:
+            validate_store(shard, store_copy, expected)
+        assert BROKEN[kind] in str(err.value) and str(store_copy) in str(err.value), str(err.value)
+
+
+def test_manifest_goes_stale_when_the_store_changes(store_copy, token_shard_path, tmp_path, ledger):
+    path = tmp_path / "m.json"
+    write_manifest(path, validate_store(token_shard_path, store_copy))
+    with ledger.case("bad_input", "manifest: chunk bytes flipped after validation", "verify refuses"):
+        chunk = store_copy / "final" / "c" / "0" / "0"
+        data = bytearray(chunk.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        chunk.write_bytes(bytes(data))
+        check_manifest(store_copy, path)  # same size: the cheap check cannot see it ...
+        with pytest.raises(StoreInvalid, match="array 'final' field 'sha256'"):
+            verify_manifest(store_copy, path)  # ... the full one does
+    with ledger.case("bad_input", "manifest: chunk deleted after validation", "check refuses"):
+        (store_copy / "aux" / "c" / "0" / "0").unlink()
+        with pytest.raises(StoreInvalid, match="array 'aux' field 'files'"):
+            check_manifest(store_copy, path)
+
+
+def test_training_refuses_a_store_without_a_valid_manifest(reference_store, tmp_path, ledger):
+    from eyas.config import TrainSettings
+    from eyas.train.trainer import train
+
+    failed = tmp_path / "failed.json"
+    failed.write_text(json.dumps({"format": "eyas.manifest/1", "ok": False}))
+    for name, manifest, message in (
+        ("missing", tmp_path / "none.json", "no manifest at"),
+        ("failed", failed, "field 'format'/'ok'"),
+    ):
+        with ledger.case("bad_input", f"train with {name} manifest", "StoreInvalid before training"):
+            with pytest.raises(StoreInvalid, match=message):
+                train(
+                    TrainSettings(device="cpu", progress=False),
+                    token_shards=["unused"],
+                    hidden_stores=[str(reference_store)],
+                    vocab_path="unused",
+                    model_dir="unused",
+                    out_dir=str(tmp_path / "drafter"),
+                    log_path=str(tmp_path / "log.csv"),
+                    expected_provenance={},
+                    manifests=[str(manifest)],
+                )
+            assert not (tmp_path / "drafter").exists()
