@@ -17,7 +17,7 @@ STAGE_VERSION = {
     "tokenize": 1,
     "vocab": 1,
     "extract": 1,
-    "train": 1,
+    "train": 2,
     "evaluate": 1,
     "export": 1,
 }

@@ -7,9 +7,12 @@ rule train:
         stores=hidden_stores("train"),
         vocab="results/vocab/draft_vocab.safetensors",
         model=model_dir(),
+        heldout_tokens="results/tokens/eval",  # checkpoint choice by simulated tau per epoch
+        heldout_stores=hidden_stores("eval"),
     output:
         drafter=directory("results/train/drafter"),
         log_csv="results/train/log.csv",
+        epochs="results/train/epochs.csv",
     log:
         "results/logs/train.log",
     benchmark:
@@ -18,7 +21,7 @@ rule train:
         "../envs/eyas.yaml"
     threads: workflow.cores
     resources:
-        gpu=use_gpu(EYAS.train.device),
+        gpu=use_gpu(EYAS.train.device) * EYAS.train.nproc,  # one GPU per torchrun process
         mem_mb=8000,  # drafter + optimizer (~0.2 GB at H=576) + target embedding/head + batches
         runtime=240,
     params:

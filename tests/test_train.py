@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -112,14 +117,15 @@ def settings(**overrides) -> TrainSettings:
         draft_vocab_size=64,
         threads=1,
         progress=False,
+        select_by_tau=False,
     )
     base.update(overrides)
     return TrainSettings(**base)
 
 
-def run(data, out: Path, s: TrainSettings) -> dict:
-    return train(
-        s,
+def inputs(data, out: Path, heldout: bool = False) -> dict:
+    """Keyword arguments of `train` (JSON-able, also the CLI spec's `inputs`)."""
+    return dict(
         token_shards=data["shards"],
         hidden_stores=data["stores"],
         vocab_path=data["vocab"],
@@ -127,7 +133,14 @@ def run(data, out: Path, s: TrainSettings) -> dict:
         out_dir=str(out / "drafter"),
         log_path=str(out / "log.csv"),
         expected_provenance=data["expected"],
+        heldout={"token_shards": data["shards"][1:], "hidden_stores": data["stores"][1:]}
+        if heldout
+        else None,
     )
+
+
+def run(data, out: Path, s: TrainSettings, heldout: bool = False) -> dict:
+    return train(s, **inputs(data, out, heldout))
 
 
 def test_loader_plan_is_deterministic_and_within_budget(data):
@@ -253,3 +266,58 @@ def test_head_init_from_target(data, init_head):
     assert torch.equal(model.lm_head.weight, rows) is init_head
     if init_head:  # (the tiny target's norm is all ones, like a fresh drafter's: nothing to tell apart)
         assert torch.equal(model.norm.weight, norm)
+
+
+def _spawn(spec_path: Path, *extra: str) -> subprocess.Popen:
+    worker = Path(__file__).with_name("train_worker.py")
+    return subprocess.Popen([sys.executable, str(worker), str(spec_path), *extra], stderr=subprocess.PIPE)
+
+
+def _rows(path: Path) -> int:
+    return len(path.read_text().splitlines()) - 1 if path.exists() else 0
+
+
+def test_sigkill_mid_run_then_restart_gives_the_same_loss_curve_bitwise(data, tmp_path):
+    """A CPU training process SIGKILLed two steps after a checkpoint resumes from it; its log.csv and
+    epochs.csv (held-out tau per epoch) and weights equal those of an uninterrupted run, bit for bit."""
+    s = settings(max_steps=9, epochs=3, checkpoint_every=3, select_by_tau=True)
+    run(data, tmp_path / "a", s, heldout=True)
+
+    out = tmp_path / "b"
+    spec = tmp_path / "spec.json"
+    stats_path = tmp_path / "stats.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "settings": dataclasses.asdict(s),
+                "inputs": inputs(data, out, heldout=True),
+                "stats_path": str(stats_path),
+            }
+        )
+    )
+    proc = _spawn(spec, "5")  # blocks after step 5: the last checkpoint is at step 3
+    partial = out / "log.csv.partial"
+    deadline = time.monotonic() + 120
+    while _rows(partial) < 5:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "worker did not reach step 5"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    state = torch.load(out / "drafter-checkpoint" / "train_state.pt", weights_only=True)
+    assert state["step"] == 3 and not (out / "drafter").exists() and not stats_path.exists()
+    assert set(state["rng"]) >= {"torch", "numpy", "python"} and "optimizer" in state
+
+    proc = _spawn(spec)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    stats = json.loads(stats_path.read_text())
+    assert stats["resumed_from_step"] == 3 and stats["steps"] == 9
+    for name in ("log.csv", "epochs.csv"):
+        assert (out / name).read_bytes() == (tmp_path / "a" / name).read_bytes(), name
+    assert _rows(out / "log.csv") == 9 and _rows(out / "epochs.csv") >= 2
+    a = Eagle3Drafter.from_pretrained(tmp_path / "a" / "drafter").state_dict()
+    b = Eagle3Drafter.from_pretrained(out / "drafter").state_dict()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
