@@ -321,3 +321,44 @@ def test_sigkill_mid_run_then_restart_gives_the_same_loss_curve_bitwise(data, tm
     b = Eagle3Drafter.from_pretrained(out / "drafter").state_dict()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_step_groups_partition_the_plan_with_a_padded_tail():
+    from eyas.train.distributed import padded_slots, rank_share, step_groups
+
+    plan = [np.array([i]) for i in range(7)]
+    groups = step_groups(plan, world_size=2, accum=2)
+    assert [len(g) for g in groups] == [4, 4] and padded_slots(7, 2, 2) == 1
+    shares = [mb for r in range(2) for g in groups for mb in rank_share(g, r, 2)]
+    real = sorted(int(mb[0]) for mb in shares if mb is not None)
+    assert real == list(range(7)) and sum(mb is None for mb in shares) == 1  # each once, tail padded
+    assert rank_share(groups[0], 1, 2)[0][0] == 2  # rank 1 reads the group's second half
+
+
+def test_ddp_two_processes_gloo_match_one_process_at_the_same_global_batch(data, tmp_path):
+    """torchrun with 2 CPU ranks (gloo, accum 1) == 1 process accumulating 2 micro-batches per step."""
+    from eyas.train.cli import train_job
+
+    s = settings(max_steps=None, epochs=2, checkpoint_every=0)
+    one = run(data, tmp_path / "one", dataclasses.replace(s, grad_accum=2))
+    two = train_job(
+        dataclasses.replace(s, nproc=2), inputs(data, tmp_path / "two"), str(tmp_path / "launch.log")
+    )
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert two["steps"] == one["steps"] and two["tokens"] == one["tokens"]
+    for e1, e2 in zip(one["epochs"], two["epochs"], strict=True):
+        # every one of the 10 samples used exactly once per epoch (the trainer checks and raises
+        # otherwise); an odd micro-batch count is padded with an empty one, not dropped
+        assert e1["samples"] == e2["samples"] == 10 and e1["complete"] and e2["complete"]
+        assert e1["padded_microbatches"] == e2["padded_microbatches"]
+    assert any(e["padded_microbatches"] for e in two["epochs"])
+    with open(tmp_path / "one" / "log.csv") as fa, open(tmp_path / "two" / "log.csv") as fb:
+        a, b = list(csv.DictReader(fa)), list(csv.DictReader(fb))
+    assert len(a) == len(b) == one["steps"]
+    for ra, rb in zip(a, b, strict=True):
+        assert float(ra["loss"]) == pytest.approx(float(rb["loss"]), rel=1e-4, abs=1e-5)
+        assert ra["acc_0"] == rb["acc_0"] and ra["tokens"] == rb["tokens"]
+    wa = Eagle3Drafter.from_pretrained(tmp_path / "one" / "drafter").state_dict()
+    wb = Eagle3Drafter.from_pretrained(tmp_path / "two" / "drafter").state_dict()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=1e-4, atol=1e-5)
