@@ -70,6 +70,7 @@ def get_final_output():
         "results/eval/summary.json",
         "results/eval/acceptance.png",
         "results/export/sglang",
+        "results/export/speculators",
     ]
 
 
@@ -78,3 +79,4 @@ def print_report_location():
     print("  summary:  results/eval/summary.json  (tau, speedup, acceptance by position)")
     print("  plot:     results/eval/acceptance.png")
     print("  drafter:  results/train/drafter  |  SGLang export: results/export/sglang")
+    print("  vLLM speculators export: results/export/speculators")

@@ -30,3 +30,25 @@ rule train:
         version=STAGE_VERSION["train"],
     script:
         "../scripts/train.py"
+
+
+# The drafter in vLLM speculators format (Eagle3Speculator; aux ids in vLLM's convention).
+rule export_speculators:
+    input:
+        drafter="results/train/drafter",
+        model=model_dir(),
+    output:
+        export=directory("results/export/speculators"),
+    log:
+        "results/logs/export_speculators.log",
+    conda:
+        "../envs/eyas.yaml"
+    resources:
+        mem_mb=2000,  # one copy of the drafter weights
+        runtime=10,
+    params:
+        verifier=EYAS.model_id,
+        speculative_tokens=EYAS.evaluate.num_draft_tokens,
+        version=STAGE_VERSION["export"],
+    script:
+        "../scripts/export_speculators.py"
