@@ -124,7 +124,8 @@ def test_simulated_tau():
 
 
 @pytest.mark.parametrize("chunk", [3, 1024])
-def test_chunked_loss_equals_reference_path(chunk):
+@pytest.mark.parametrize("cached_teacher", [False, True])
+def test_chunked_loss_equals_reference_path(chunk, cached_teacher):
     """ttt_loss_chunked (logits and teacher per block of rows, gradients in forward) == ttt_loss over
     full [B, T, D] logits and teacher_from_final: loss, metrics and gradients."""
     from eyas.train.loss import step_counts, teacher_in_vocab, ttt_loss_chunked
@@ -155,8 +156,18 @@ def test_chunked_loss_equals_reference_path(chunk):
     got_in_vocab = teacher_in_vocab(final, head, t2d, chunk=4)
     assert torch.equal(got_in_vocab, in_vocab)
     assert step_counts(loss_mask, valid, in_vocab, steps) == wm["count"]
+    cached = final @ head[draft_ids].T if cached_teacher else None  # [B, T, D]
     got, gm = ttt_loss_chunked(
-        list(hidden0), norm, weight, final, head[draft_ids], in_vocab, loss_mask, valid, chunk=chunk
+        list(hidden0),
+        norm,
+        weight,
+        final,
+        head[draft_ids],
+        in_vocab,
+        loss_mask,
+        valid,
+        chunk=chunk,
+        teacher_logits=cached,
     )
     got.backward()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -111,11 +111,12 @@ class _LinearSoftCE(torch.autograd.Function):
 
     Gradients w.r.t. x and w are computed in the forward pass block by block (d loss / d logits =
     softmax(logits) - p), so backward only scales them: only [N, H] + [D, H] are kept, not [N, D].
+    With tw None, tx already holds the teacher logits [N, D] (cached by the caller).
     Returns (loss_sum fp32 scalar, correct [N] bool = drafter argmax == teacher argmax).
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, tx: Tensor, tw: Tensor, chunk: int):
+    def forward(ctx, x: Tensor, weight: Tensor, tx: Tensor, tw: Tensor | None, chunk: int):
         n = x.shape[0]
         loss = torch.zeros((), dtype=torch.float32, device=x.device)
         correct = torch.zeros(n, dtype=torch.bool, device=x.device)
@@ -124,7 +125,8 @@ class _LinearSoftCE(torch.autograd.Function):
         for lo in range(0, n, chunk):
             xc = x[lo : lo + chunk]  # [C, H]
             logits = (xc @ weight.T).float()  # [C, D] (autocast dtype matmul, fp32 softmax)
-            teacher = (tx[lo : lo + chunk] @ tw.T).float()  # [C, D]
+            rows = tx[lo : lo + chunk]
+            teacher = (rows if tw is None else rows @ tw.T).float()  # [C, D]
             p = teacher.softmax(-1)
             logp = logits.log_softmax(-1)
             loss += -(p * logp).sum()
@@ -141,6 +143,15 @@ class _LinearSoftCE(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, _grad_correct):
         grad_x, grad_w = ctx.saved_tensors
         return grad_loss * grad_x, (grad_loss * grad_w).to(ctx.weight_dtype), None, None, None
+
+
+TEACHER_CACHE_BYTES = 1 << 30  # cache [B, T, D] teacher logits up to 1 GiB (the CPU default: ~32 MB)
+
+
+def teacher_cache_fits(final: Tensor, draft_size: int, dtype: torch.dtype) -> bool:
+    """Whether [B, T, D] teacher logits of this batch are cheap enough to keep for all TTT steps."""
+    b, t, _ = final.shape
+    return b * t * draft_size * torch.finfo(dtype).bits // 8 <= TEACHER_CACHE_BYTES
 
 
 def teacher_in_vocab(final: Tensor, head: Tensor, t2d: Tensor, chunk: int = ARGMAX_CHUNK) -> Tensor:
@@ -174,6 +185,7 @@ def ttt_loss_chunked(
     step_weight: float = 0.8,
     counts: list[int] | None = None,
     chunk: int = ROW_CHUNK,
+    teacher_logits: Tensor | None = None,
 ) -> tuple[Tensor, dict]:
     """`ttt_loss` without [B, T, D] tensors: logits and the teacher are built per block of loss rows.
 
@@ -196,8 +208,11 @@ def ttt_loss_chunked(
         count = int(rows.numel())
         norm_count = counts[k] if counts is not None else count
         x = norm(hidden[rows, cols])  # [N, H]
-        tx = final[rows, cols + 1 + k]  # [N, H] teacher states at t+1+k
-        loss_sum, row_correct = _LinearSoftCE.apply(x, lm_head_weight, tx, draft_head, chunk)
+        if teacher_logits is None:
+            tx, tw = final[rows, cols + 1 + k], draft_head  # [N, H] teacher states at t+1+k
+        else:
+            tx, tw = teacher_logits[rows, cols + 1 + k], None  # [N, D]
+        loss_sum, row_correct = _LinearSoftCE.apply(x, lm_head_weight, tx, tw, chunk)
         step = loss_sum / max(norm_count, 1)
         total = total + step_weight**k * step
         with torch.no_grad():

@@ -41,7 +41,7 @@ from eyas.train.checkpoint import (
     set_rng_state,
 )
 from eyas.train.loader import PairedLoader
-from eyas.train.loss import step_counts, teacher_in_vocab, ttt_loss_chunked
+from eyas.train.loss import step_counts, teacher_cache_fits, teacher_in_vocab, ttt_loss_chunked
 from eyas.vocab import load_draft_vocab
 
 log = logging.getLogger("eyas.train")
@@ -157,6 +157,10 @@ def train_step(model, teacher: Teacher, micro, settings, amp, world: ddp.World, 
     sums = torch.zeros(2 + 3 * steps, dtype=torch.float64)
     for batch, final, in_vocab in prepared:
         with autocast():
+            cached = None
+            if teacher_cache_fits(final, len(teacher.draft_head), teacher.head.dtype):
+                with torch.no_grad():
+                    cached = final @ teacher.draft_head.T  # [B, T, D] once, shared by every step
             hidden = model.ttt_hidden(batch.aux, batch.input_ids, steps)  # steps x [B, T, H]
             loss, m = ttt_loss_chunked(
                 hidden,
@@ -169,6 +173,7 @@ def train_step(model, teacher: Teacher, micro, settings, amp, world: ddp.World, 
                 batch.valid,
                 settings.step_weight,
                 counts=counts.tolist(),
+                teacher_logits=cached,
             )
         loss.backward()
         part = [float(loss.detach()), batch.num_tokens, *m["correct"], *m["cond_count"], *m["cond_correct"]]
