@@ -17,7 +17,7 @@ STAGE_VERSION = {
     "tokenize": 1,
     "vocab": 1,
     "extract": 2,
-    "train": 1,
+    "train": 2,
     "evaluate": 1,
     "export": 1,
     "validate": 1,
@@ -76,6 +76,7 @@ def get_final_output():
         "results/eval/acceptance.png",
         "results/export/sglang",
         *manifests("eval"),  # train manifests are train's inputs; eval stores are validated too
+        "results/export/speculators",
     ]
 
 
@@ -84,3 +85,4 @@ def print_report_location():
     print("  summary:  results/eval/summary.json  (tau, speedup, acceptance by position)")
     print("  plot:     results/eval/acceptance.png")
     print("  drafter:  results/train/drafter  |  SGLang export: results/export/sglang")
+    print("  vLLM speculators export: results/export/speculators")

@@ -8,9 +8,12 @@ rule train:
         manifests=manifests("train"),
         vocab="results/vocab/draft_vocab.safetensors",
         model=model_dir(),
+        heldout_tokens="results/tokens/eval",  # checkpoint choice by simulated tau per epoch
+        heldout_stores=hidden_stores("eval"),
     output:
         drafter=directory("results/train/drafter"),
         log_csv="results/train/log.csv",
+        epochs="results/train/epochs.csv",
     log:
         "results/logs/train.log",
     benchmark:
@@ -19,7 +22,7 @@ rule train:
         "../envs/eyas.yaml"
     threads: workflow.cores
     resources:
-        gpu=use_gpu(EYAS.train.device),
+        gpu=use_gpu(EYAS.train.device) * EYAS.train.nproc,  # one GPU per torchrun process
         mem_mb=8000,  # drafter + optimizer (~0.2 GB at H=576) + target embedding/head + batches
         runtime=240,
     params:
@@ -28,3 +31,25 @@ rule train:
         version=STAGE_VERSION["train"],
     script:
         "../scripts/train.py"
+
+
+# The drafter in vLLM speculators format (Eagle3Speculator; aux ids in vLLM's convention).
+rule export_speculators:
+    input:
+        drafter="results/train/drafter",
+        model=model_dir(),
+    output:
+        export=directory("results/export/speculators"),
+    log:
+        "results/logs/export_speculators.log",
+    conda:
+        "../envs/eyas.yaml"
+    resources:
+        mem_mb=2000,  # one copy of the drafter weights
+        runtime=10,
+    params:
+        verifier=EYAS.model_id,
+        speculative_tokens=EYAS.evaluate.num_draft_tokens,
+        version=STAGE_VERSION["export"],
+    script:
+        "../scripts/export_speculators.py"

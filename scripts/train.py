@@ -1,4 +1,4 @@
-"""Train the EAGLE-3 drafter on the train split's hidden stores."""
+"""Train the EAGLE-3 drafter on the train split's hidden stores (torchrun when train.nproc > 1)."""
 
 import json
 from pathlib import Path
@@ -7,11 +7,13 @@ from eyas.config import TrainSettings
 from eyas.logs import setup_stage_logging
 from eyas.provenance import model_hash
 from eyas.store import read_token_shard
-from eyas.train.trainer import train
+from eyas.train.cli import train_job
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "train")
-settings = TrainSettings(**{**sm.params.settings, "threads": sm.threads})
+settings = TrainSettings(
+    **{**sm.params.settings, "threads": max(1, sm.threads // sm.params.settings["nproc"])}
+)
 token_shards = sorted(str(p) for p in Path(sm.input.tokens).glob("shard-*.zarr"))
 first = read_token_shard(token_shards[0]).attrs
 expected = {
@@ -20,8 +22,11 @@ expected = {
     "tokenizer_hash": first["tokenizer_hash"],
     "chat_template_hash": first["chat_template_hash"],
 }
-stats = train(
-    settings,
+heldout = {
+    "token_shards": sorted(str(p) for p in Path(sm.input.heldout_tokens).glob("shard-*.zarr")),
+    "hidden_stores": list(sm.input.heldout_stores),
+}
+inputs = dict(
     token_shards=token_shards,
     hidden_stores=list(sm.input.stores),
     vocab_path=sm.input.vocab,
@@ -30,5 +35,7 @@ stats = train(
     log_path=sm.output.log_csv,
     expected_provenance=expected,
     manifests=list(sm.input.manifests),
+    heldout=heldout if settings.select_by_tau else None,
 )
+stats = train_job(settings, inputs, launch_log=sm.log[0])
 log.info("train: %s", json.dumps(stats))

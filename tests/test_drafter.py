@@ -193,3 +193,39 @@ def test_from_target_config_reads_rope_parameters():
         DrafterConfig.from_target_config(target, draft_vocab_size=8192, aux_layer_ids=[1, 14, 26])
     with pytest.raises(ValueError, match="unknown"):
         DrafterConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+
+
+def reference_tree_attention(q, k0, v0, k_diag, v_diag):
+    """The first trainer's implementation (fp32 scores per 1024-query block, joint softmax)."""
+    import math
+
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    t_len = q.shape[2]
+    outs = []
+    for lo in range(0, t_len, 1024):
+        hi = min(t_len, lo + 1024)
+        qc = q[:, :, lo:hi].float()
+        causal = qc @ k0[:, :, :hi].float().transpose(-1, -2) * scale
+        rows = torch.arange(lo, hi)[:, None]
+        causal = causal.masked_fill(torch.arange(hi)[None, :] > rows, float("-inf"))
+        diag = (qc[..., None, :] * k_diag[:, :, lo:hi].float()).sum(-1) * scale
+        probs = torch.cat([causal, diag], dim=-1).softmax(-1)
+        out = probs[..., :hi] @ v0[:, :, :hi].float()
+        out = out + (probs[..., hi:, None] * v_diag[:, :, lo:hi].float()).sum(-2)
+        outs.append(out.to(q.dtype))
+    return torch.cat(outs, dim=2)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 64])
+def test_sdpa_tree_attention_equals_reference_forward_and_backward(chunk):
+    torch.manual_seed(6)
+    b, h, t, d, k = 2, 2, 11, 4, 3
+    args = [torch.randn(b, h, t, d) for _ in range(3)] + [torch.randn(b, h, t, k, d) for _ in range(2)]
+    args = [a.requires_grad_() for a in args]
+    want = reference_tree_attention(*args)
+    grads_want = torch.autograd.grad(want.square().sum(), args)
+    got = tree_attention(*args, chunk=chunk)  # checkpointed SDPA chunks (grad enabled)
+    grads_got = torch.autograd.grad(got.square().sum(), args)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for g, w in zip(grads_got, grads_want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)

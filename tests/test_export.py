@@ -83,3 +83,58 @@ def test_validation_names_the_key(drafter_dir):
     wrong_dtype = {**tensors, "d2t": tensors["d2t"].int()}
     with pytest.raises(ValueError, match="'d2t'"):
         validate_tensors(wrong_dtype, model.config)
+
+
+def test_speculators_config_and_layer_id_convention(drafter_dir, tmp_path):
+    from eyas.export import export_speculators
+
+    src, model = drafter_dir
+    info = export_speculators(
+        src, tmp_path / "spec", "org/target", ["LlamaForCausalLM"], speculative_tokens=4
+    )
+    cfg = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert cfg["architectures"] == ["Eagle3Speculator"] and cfg["speculators_model_type"] == "eagle3"
+    # drafter [1, L//2-1, L-4] for L = 30 is vLLM's [2, L//2, L-3]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27] == info["eagle_aux_hidden_state_layer_ids"]
+    assert cfg["eyas_conversion"]["drafter_aux_layer_ids"] == [1, 14, 26]
+    spec = cfg["speculators_config"]
+    assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
+    assert spec["verifier"] == {"name_or_path": "org/target", "architectures": ["LlamaForCausalLM"]}
+    assert spec["proposal_methods"][0]["speculative_tokens"] == 4
+    layer = cfg["transformer_layer_config"]
+    assert layer["num_hidden_layers"] == 1 and layer["vocab_size"] == 100 and cfg["draft_vocab_size"] == 40
+    assert cfg["norm_before_residual"] is False
+    weights = load_file(str(tmp_path / "spec" / "model.safetensors"))
+    assert set(weights) == set(expected_tensors(model.config))
+
+
+@pytest.mark.parametrize("kind", ["sglang", "speculators"])
+def test_export_reloads_and_computes_what_the_trained_model_computes(drafter_dir, tmp_path, kind):
+    """Each export, rebuilt from its own config + weights, drafts like the trained model (bf16 weights)."""
+    from eyas.export import export_speculators, load_export
+
+    src, _ = drafter_dir
+    trained = Eagle3Drafter.from_pretrained(src).eval()
+    with torch.no_grad():  # weights at the scale real drafters have, so bf16 rounding is realistic
+        for p in trained.parameters():
+            p.mul_(0.3)
+    trained.save_pretrained(tmp_path / "trained")
+    out = tmp_path / kind
+    if kind == "sglang":
+        export_sglang(tmp_path / "trained", out)
+    else:
+        export_speculators(tmp_path / "trained", out, "org/target", ["LlamaForCausalLM"])
+    reloaded = load_export(out, trained.embed_tokens.weight)
+    assert reloaded.config == trained.config
+    torch.manual_seed(1)
+    aux = torch.randn(2, 12, 96)
+    ids = torch.randint(0, 100, (2, 12))
+    with torch.no_grad():
+        want = trained.ttt_forward(aux, ids, 3)
+        got = reloaded.ttt_forward(aux, ids, 3)
+    for k in range(3):
+        scale = float(want[k].abs().max())  # bf16 export: error relative to the logits' range
+        assert float((got[k] - want[k]).abs().max()) <= 0.02 * scale, k
+        agree = (got[k].argmax(-1) == want[k].argmax(-1)).float().mean()
+        assert agree >= 0.9, (k, float(agree))
+    assert torch.equal(reloaded.d2t, trained.d2t) and torch.equal(reloaded.t2d, trained.t2d)

@@ -121,3 +121,60 @@ def test_simulated_tau():
     assert simulated_tau([]) == 1.0
     assert simulated_tau([0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25)
     assert simulated_tau([1.0] * 7) == 8.0
+
+
+@pytest.mark.parametrize("chunk", [3, 1024])
+@pytest.mark.parametrize("cached_teacher", [False, True])
+def test_chunked_loss_equals_reference_path(chunk, cached_teacher):
+    """ttt_loss_chunked (logits and teacher per block of rows, gradients in forward) == ttt_loss over
+    full [B, T, D] logits and teacher_from_final: loss, metrics and gradients."""
+    from eyas.train.loss import step_counts, teacher_in_vocab, ttt_loss_chunked
+
+    torch.manual_seed(5)
+    b, t, h, v, steps = 2, 9, 8, 50, 3
+    draft_ids = torch.tensor([1, 4, 9, 20, 33, 41])
+    t2d = torch.zeros(v, dtype=torch.bool)
+    t2d[draft_ids] = True
+    head = torch.randn(v, h)
+    head[draft_ids] *= 3  # most greedy tokens inside the draft vocab
+    final = torch.randn(b, t, h)
+    norm = torch.nn.RMSNorm(h, eps=1e-5)
+    weight = torch.randn(len(draft_ids), h, requires_grad=True)
+    hidden0 = torch.randn(steps, b, t, h, requires_grad=True)
+    loss_mask = (torch.rand(b, t) > 0.3).long()
+    valid = torch.ones(b, t, dtype=torch.bool)
+    valid[1, 6:] = False
+
+    teacher, in_vocab = teacher_from_final(final, head, draft_ids, t2d)
+    logits = [norm(hidden0[k]) @ weight.T for k in range(steps)]
+    want, wm = ttt_loss(logits, teacher, in_vocab, loss_mask, valid)
+    want.backward()
+    want_grads = (hidden0.grad.clone(), weight.grad.clone(), norm.weight.grad.clone())
+    for p in (hidden0, weight, norm.weight):
+        p.grad = None
+
+    got_in_vocab = teacher_in_vocab(final, head, t2d, chunk=4)
+    assert torch.equal(got_in_vocab, in_vocab)
+    assert step_counts(loss_mask, valid, in_vocab, steps) == wm["count"]
+    cached = final @ head[draft_ids].T if cached_teacher else None  # [B, T, D]
+    got, gm = ttt_loss_chunked(
+        list(hidden0),
+        norm,
+        weight,
+        final,
+        head[draft_ids],
+        in_vocab,
+        loss_mask,
+        valid,
+        chunk=chunk,
+        teacher_logits=cached,
+    )
+    got.backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for key in ("count", "cond_count"):
+        assert gm[key] == wm[key], key
+    for key in ("loss", "acc", "cond_acc"):
+        assert gm[key] == pytest.approx(wm[key], rel=1e-5), key
+    assert min(wm["count"]) > 0 and 0 < wm["acc"][0] < 1
+    for g, w in zip((hidden0.grad, weight.grad, norm.weight.grad), want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -112,14 +117,15 @@ def settings(**overrides) -> TrainSettings:
         draft_vocab_size=64,
         threads=1,
         progress=False,
+        select_by_tau=False,
     )
     base.update(overrides)
     return TrainSettings(**base)
 
 
-def run(data, out: Path, s: TrainSettings) -> dict:
-    return train(
-        s,
+def inputs(data, out: Path, heldout: bool = False) -> dict:
+    """Keyword arguments of `train` (JSON-able, also the CLI spec's `inputs`)."""
+    return dict(
         token_shards=data["shards"],
         hidden_stores=data["stores"],
         vocab_path=data["vocab"],
@@ -127,7 +133,14 @@ def run(data, out: Path, s: TrainSettings) -> dict:
         out_dir=str(out / "drafter"),
         log_path=str(out / "log.csv"),
         expected_provenance=data["expected"],
+        heldout={"token_shards": data["shards"][1:], "hidden_stores": data["stores"][1:]}
+        if heldout
+        else None,
     )
+
+
+def run(data, out: Path, s: TrainSettings, heldout: bool = False) -> dict:
+    return train(s, **inputs(data, out, heldout))
 
 
 def test_loader_plan_is_deterministic_and_within_budget(data):
@@ -253,3 +266,99 @@ def test_head_init_from_target(data, init_head):
     assert torch.equal(model.lm_head.weight, rows) is init_head
     if init_head:  # (the tiny target's norm is all ones, like a fresh drafter's: nothing to tell apart)
         assert torch.equal(model.norm.weight, norm)
+
+
+def _spawn(spec_path: Path, *extra: str) -> subprocess.Popen:
+    worker = Path(__file__).with_name("train_worker.py")
+    return subprocess.Popen([sys.executable, str(worker), str(spec_path), *extra], stderr=subprocess.PIPE)
+
+
+def _rows(path: Path) -> int:
+    return len(path.read_text().splitlines()) - 1 if path.exists() else 0
+
+
+def test_sigkill_mid_run_then_restart_gives_the_same_loss_curve_bitwise(data, tmp_path):
+    """A CPU training process SIGKILLed two steps after a checkpoint resumes from it; its log.csv and
+    epochs.csv (held-out tau per epoch) and weights equal those of an uninterrupted run, bit for bit."""
+    s = settings(max_steps=9, epochs=3, checkpoint_every=3, select_by_tau=True)
+    run(data, tmp_path / "a", s, heldout=True)
+
+    out = tmp_path / "b"
+    spec = tmp_path / "spec.json"
+    stats_path = tmp_path / "stats.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "settings": dataclasses.asdict(s),
+                "inputs": inputs(data, out, heldout=True),
+                "stats_path": str(stats_path),
+            }
+        )
+    )
+    proc = _spawn(spec, "5")  # blocks after step 5: the last checkpoint is at step 3
+    partial = out / "log.csv.partial"
+    deadline = time.monotonic() + 120
+    while _rows(partial) < 5:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "worker did not reach step 5"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    state = torch.load(out / "drafter-checkpoint" / "train_state.pt", weights_only=True)
+    assert state["step"] == 3 and not (out / "drafter").exists() and not stats_path.exists()
+    assert set(state["rng"]) >= {"torch", "numpy", "python"} and "optimizer" in state
+
+    proc = _spawn(spec)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    stats = json.loads(stats_path.read_text())
+    assert stats["resumed_from_step"] == 3 and stats["steps"] == 9
+    for name in ("log.csv", "epochs.csv"):
+        assert (out / name).read_bytes() == (tmp_path / "a" / name).read_bytes(), name
+    assert _rows(out / "log.csv") == 9 and _rows(out / "epochs.csv") >= 2
+    a = Eagle3Drafter.from_pretrained(tmp_path / "a" / "drafter").state_dict()
+    b = Eagle3Drafter.from_pretrained(out / "drafter").state_dict()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_step_groups_partition_the_plan_with_a_padded_tail():
+    from eyas.train.distributed import padded_slots, rank_share, step_groups
+
+    plan = [np.array([i]) for i in range(7)]
+    groups = step_groups(plan, world_size=2, accum=2)
+    assert [len(g) for g in groups] == [4, 4] and padded_slots(7, 2, 2) == 1
+    shares = [mb for r in range(2) for g in groups for mb in rank_share(g, r, 2)]
+    real = sorted(int(mb[0]) for mb in shares if mb is not None)
+    assert real == list(range(7)) and sum(mb is None for mb in shares) == 1  # each once, tail padded
+    assert rank_share(groups[0], 1, 2)[0][0] == 2  # rank 1 reads the group's second half
+
+
+def test_ddp_two_processes_gloo_match_one_process_at_the_same_global_batch(data, tmp_path):
+    """torchrun with 2 CPU ranks (gloo, accum 1) == 1 process accumulating 2 micro-batches per step."""
+    from eyas.train.cli import train_job
+
+    s = settings(max_steps=None, epochs=2, checkpoint_every=0)
+    one = run(data, tmp_path / "one", dataclasses.replace(s, grad_accum=2))
+    two = train_job(
+        dataclasses.replace(s, nproc=2), inputs(data, tmp_path / "two"), str(tmp_path / "launch.log")
+    )
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert two["steps"] == one["steps"] and two["tokens"] == one["tokens"]
+    for e1, e2 in zip(one["epochs"], two["epochs"], strict=True):
+        # every one of the 10 samples used exactly once per epoch (the trainer checks and raises
+        # otherwise); an odd micro-batch count is padded with an empty one, not dropped
+        assert e1["samples"] == e2["samples"] == 10 and e1["complete"] and e2["complete"]
+        assert e1["padded_microbatches"] == e2["padded_microbatches"]
+    assert any(e["padded_microbatches"] for e in two["epochs"])
+    with open(tmp_path / "one" / "log.csv") as fa, open(tmp_path / "two" / "log.csv") as fb:
+        a, b = list(csv.DictReader(fa)), list(csv.DictReader(fb))
+    assert len(a) == len(b) == one["steps"]
+    for ra, rb in zip(a, b, strict=True):
+        assert float(ra["loss"]) == pytest.approx(float(rb["loss"]), rel=1e-4, abs=1e-5)
+        assert ra["acc_0"] == rb["acc_0"] and ra["tokens"] == rb["tokens"]
+    wa = Eagle3Drafter.from_pretrained(tmp_path / "one" / "drafter").state_dict()
+    wb = Eagle3Drafter.from_pretrained(tmp_path / "two" / "drafter").state_dict()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=1e-4, atol=1e-5)

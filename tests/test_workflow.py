@@ -34,6 +34,7 @@ ALL_RULES = {
     "evaluate",
     "export_sglang",
     "validate",
+    "export_speculators",
     "all",
 }
 
@@ -98,6 +99,12 @@ def test_full_run_then_nothing_to_do(workdir):
     config = json.loads((results / "export" / "sglang" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+    spec = json.loads((results / "export" / "speculators" / "config.json").read_text())
+    assert spec["architectures"] == ["Eagle3Speculator"]
+    assert spec["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]  # vLLM's [2, L//2, L-3], L = 30
+    epochs = (results / "train" / "epochs.csv").read_text().splitlines()
+    assert epochs[0].startswith("epoch,step,complete,samples,padded_microbatches,simulated_tau")
+    assert len(epochs) >= 2 and float(epochs[1].split(",")[5]) >= 1.0  # held-out tau was measured
 
     assert planned_jobs(snakemake(workdir, "-n")) == {}
 
@@ -106,7 +113,15 @@ def test_forcerun_one_shard_reruns_exactly_it_and_its_dependants(workdir):
     results = workdir / "results"
     target = "results/hidden/train/shard-00001.zarr"
     plan = planned_jobs(snakemake(workdir, "-n", "--forcerun", target))
-    assert plan == {"extract": 1, "validate": 1, "train": 1, "evaluate": 1, "export_sglang": 1, "all": 1}
+    assert plan == {
+        "extract": 1,
+        "validate": 1,
+        "train": 1,
+        "evaluate": 1,
+        "export_sglang": 1,
+        "export_speculators": 1,
+        "all": 1,
+    }
 
     other = results / "hidden" / "train" / "shard-00000.zarr"
     other_mtime = other.stat().st_mtime_ns

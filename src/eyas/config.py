@@ -133,6 +133,14 @@ class TrainSettings:
     """CPU threads (the rule passes its `threads`)."""
     progress: bool = True
     """Show a progress bar."""
+    nproc: int = 1
+    """Data-parallel processes (torchrun on this node; one GPU each on CUDA, gloo on CPU). The global
+    batch of a step is nproc * grad_accum micro-batches of `token_budget` padded tokens."""
+    grad_accum: int = 1
+    """Micro-batches accumulated per optimizer step and process."""
+    select_by_tau: bool = True
+    """At each epoch's end measure simulated tau on the held-out stores and output the weights of the
+    best epoch (per-epoch metrics in results/train/epochs.csv)."""
 
 
 @dataclass
@@ -169,6 +177,8 @@ class Config:
             ("tokenize.max_length", self.tokenize.max_length),
             ("vocab.draft_vocab_size", self.vocab.draft_vocab_size),
             ("train.ttt_steps", self.train.ttt_steps),
+            ("train.nproc", self.train.nproc),
+            ("train.grad_accum", self.train.grad_accum),
             ("evaluate.num_draft_tokens", self.evaluate.num_draft_tokens),
             ("extract.token_budget", self.extract.token_budget),
             ("extract.chunk_tokens", self.extract.chunk_tokens),

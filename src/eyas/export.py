@@ -130,3 +130,141 @@ def export_sglang(drafter_dir: str | os.PathLike, out_dir: str | os.PathLike) ->
         "draft_vocab_size": model.config.draft_vocab_size,
         "aux_layer_ids": list(model.config.aux_layer_ids),
     }
+
+
+# --------------------------------------------------------------------------- vLLM speculators
+SPECULATORS_ARCH = "Eagle3Speculator"
+
+
+def vllm_layer_ids(drafter_ids: list[int]) -> list[int]:
+    """Drafter convention (output of 0-based layer v) -> vLLM/speculators (HF hidden_states index v + 1).
+
+    FACTS §1: the default drafter ids [1, L//2-1, L-4] are vLLM's [2, L//2, L-3]."""
+    return [int(v) + 1 for v in drafter_ids]
+
+
+def speculators_config(
+    cfg: DrafterConfig,
+    verifier: str,
+    verifier_architectures: list[str],
+    speculative_tokens: int,
+    provenance: dict | None = None,
+) -> dict:
+    """config.json of a vLLM speculators `Eagle3Speculator` (speculators' Eagle3SpeculatorConfig)."""
+    config = {
+        "architectures": [SPECULATORS_ARCH],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": {
+            "model_type": "llama",
+            "vocab_size": cfg.vocab_size,  # the target vocab (t2d length)
+            "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size,
+            "num_hidden_layers": 1,
+            "num_attention_heads": cfg.num_attention_heads,
+            "num_key_value_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim,
+            "hidden_act": cfg.hidden_act,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "rms_norm_eps": cfg.rms_norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "rope_scaling": cfg.rope_scaling,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": False,
+        },
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "norm_before_residual": False,  # eyas (like SGLang) keeps the un-normed hidden as residual
+        "target_hidden_size": cfg.hidden_size,
+        "eagle_aux_hidden_state_layer_ids": vllm_layer_ids(cfg.aux_layer_ids),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
+        },
+        "torch_dtype": "bfloat16",
+        # How the ids were converted, so a reader can check it (ignored by vLLM).
+        "eyas_conversion": {
+            "drafter_aux_layer_ids": list(cfg.aux_layer_ids),
+            "drafter_convention": "output of 0-based decoder layer v",
+            "eagle_aux_hidden_state_layer_ids_convention": "vllm: hidden_states index = drafter id + 1",
+        },
+    }
+    if provenance:
+        config["eyas_provenance"] = provenance
+    return config
+
+
+def export_speculators(
+    drafter_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    verifier: str,
+    verifier_architectures: list[str],
+    speculative_tokens: int = 3,
+) -> dict:
+    """Write a vLLM speculators Eagle3Speculator dir (config.json + model.safetensors) at `out_dir`.
+
+    The tensors are those of the SGLang export (same names, validated the same way); the config
+    carries the verifier and the aux ids in vLLM's convention."""
+    model = Eagle3Drafter.from_pretrained(drafter_dir)
+    raw = read_drafter_config(drafter_dir)
+    provenance = {k: raw[k] for k in PROVENANCE_KEYS if k in raw}
+    tensors = sglang_tensors(model)
+    validate_tensors(tensors, model.config)
+    config = speculators_config(
+        model.config, verifier, verifier_architectures, speculative_tokens, provenance
+    )
+    with atomic_dir(out_dir) as tmp:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return {
+        "out_dir": str(out_dir),
+        "keys": len(tensors),
+        "eagle_aux_hidden_state_layer_ids": config["eagle_aux_hidden_state_layer_ids"],
+        "verifier": verifier,
+    }
+
+
+# --------------------------------------------------------------------------- reload (round trip)
+def load_export(export_dir: str | os.PathLike, embed: torch.Tensor) -> Eagle3Drafter:
+    """Rebuild a drafter from an export dir, reading only what the serving engine reads.
+
+    The config is parsed from the export's own fields (SGLang or speculators layout, vLLM ids
+    converted back); embed [V, H] is the target embedding both engines share. Used to check that an
+    export computes what the trained model computes."""
+    from safetensors.torch import load_file
+
+    export_dir = Path(export_dir)
+    raw = json.loads((export_dir / "config.json").read_text())
+    if raw.get("architectures") == [SPECULATORS_ARCH]:
+        layer = raw["transformer_layer_config"]
+        aux = [int(i) - 1 for i in raw["eagle_aux_hidden_state_layer_ids"]]
+    elif raw.get("architectures") == ["LlamaForCausalLMEagle3"]:
+        layer = raw
+        aux = raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    else:
+        raise ValueError(
+            f"{export_dir / 'config.json'}: field 'architectures' is {raw.get('architectures')!r}"
+        )
+    cfg = DrafterConfig(
+        hidden_size=layer["hidden_size"],
+        intermediate_size=layer["intermediate_size"],
+        num_attention_heads=layer["num_attention_heads"],
+        num_key_value_heads=layer["num_key_value_heads"],
+        head_dim=layer["head_dim"],
+        rms_norm_eps=layer["rms_norm_eps"],
+        rope_theta=layer["rope_theta"],
+        max_position_embeddings=layer["max_position_embeddings"],
+        vocab_size=layer["vocab_size"],
+        draft_vocab_size=raw["draft_vocab_size"],
+        aux_layer_ids=aux,
+        hidden_act=layer["hidden_act"],
+        rope_scaling=layer.get("rope_scaling"),
+    )
+    tensors = load_file(str(export_dir / "model.safetensors"))
+    validate_tensors(tensors, cfg)
+    model = Eagle3Drafter(cfg)
+    state = {k: (v if k in ("d2t", "t2d") else v.float()) for k, v in tensors.items()}
+    state["embed_tokens.weight"] = embed.float()
+    model.load_state_dict(state, strict=True)
+    return model.eval()

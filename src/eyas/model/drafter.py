@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 from eyas.atomic import atomic_dir
 
 DRAFTER_FORMAT = "eyas.drafter/1"
-QUERY_CHUNK = 1024  # query rows per attention block in ttt_forward: bounds the [chunk, T] score matrix
+QUERY_CHUNK = 2048  # query rows per SDPA call in ttt_forward: bounds the [chunk, T + k*chunk] bool mask
 
 
 @dataclass
@@ -191,29 +190,46 @@ def repeat_kv(x: Tensor, groups: int) -> Tensor:
     return x[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
 
 
-def tree_attention(q: Tensor, k0: Tensor, v0: Tensor, k_diag: Tensor, v_diag: Tensor) -> Tensor:
-    """Attention of one TTT step under the tree-of-steps mask, without a [T, (k+1)T] mask.
+def tree_attention(
+    q: Tensor, k0: Tensor, v0: Tensor, k_diag: Tensor, v_diag: Tensor, chunk: int | None = None
+) -> Tensor:
+    """Attention of one TTT step under the tree-of-steps mask, through SDPA in query chunks.
 
     q [B, h, T, hd] (step k's queries); k0/v0 [B, h, T, hd] (step-0 keys, attended causally);
     k_diag/v_diag [B, h, T, k, hd] (steps 1..k at the SAME index, attended by that index only).
-    The causal block and the k diagonal scores share one softmax. Queries are processed in chunks so
-    the score matrix is at most [B, h, QUERY_CHUNK, T] (fp32).
+    Each chunk of C query rows is one SDPA call over its hi = lo + C causal keys plus its k*C diagonal
+    keys with a boolean [C, hi + k*C] mask, so no [T, T] score matrix exists (SDPA's fused kernels keep
+    scores blockwise). With grad enabled each chunk is checkpointed: backward recomputes one chunk at
+    a time instead of keeping every chunk's key copy alive (that would be O(T^2 / C) memory).
     """
-    scale = 1.0 / math.sqrt(q.shape[-1])
+    chunk = chunk or QUERY_CHUNK
     t_len = q.shape[2]
     outs = []
-    for lo in range(0, t_len, QUERY_CHUNK):
-        hi = min(t_len, lo + QUERY_CHUNK)
-        qc = q[:, :, lo:hi].float()  # [B, h, C, hd]
-        causal = qc @ k0[:, :, :hi].float().transpose(-1, -2) * scale  # [B, h, C, hi]
-        rows = torch.arange(lo, hi, device=q.device)[:, None]
-        causal = causal.masked_fill(torch.arange(hi, device=q.device)[None, :] > rows, float("-inf"))
-        diag = (qc[..., None, :] * k_diag[:, :, lo:hi].float()).sum(-1) * scale  # [B, h, C, k]
-        probs = torch.cat([causal, diag], dim=-1).softmax(-1)  # joint softmax over hi + k keys
-        out = probs[..., :hi] @ v0[:, :, :hi].float()  # [B, h, C, hd]
-        out = out + (probs[..., hi:, None] * v_diag[:, :, lo:hi].float()).sum(-2)
-        outs.append(out.to(q.dtype))
-    return torch.cat(outs, dim=2)
+    for lo in range(0, t_len, chunk):
+        hi = min(t_len, lo + chunk)
+        if torch.is_grad_enabled():
+            outs.append(checkpoint(_tree_chunk, q, k0, v0, k_diag, v_diag, lo, hi, use_reentrant=False))
+        else:
+            outs.append(_tree_chunk(q, k0, v0, k_diag, v_diag, lo, hi))
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+def _tree_chunk(
+    q: Tensor, k0: Tensor, v0: Tensor, k_diag: Tensor, v_diag: Tensor, lo: int, hi: int
+) -> Tensor:
+    """Query rows [lo, hi) of `tree_attention` -> [B, h, hi - lo, hd]."""
+    b, h, _, steps, hd = k_diag.shape
+    c = hi - lo
+    # Diagonal keys laid out step-major: key hi + j*c + i belongs to step j + 1 at row lo + i.
+    kd = k_diag[:, :, lo:hi].transpose(2, 3).reshape(b, h, steps * c, hd)  # [B, h, k*C, hd]
+    vd = v_diag[:, :, lo:hi].transpose(2, 3).reshape(b, h, steps * c, hd)
+    keys = torch.cat([k0[:, :, :hi], kd], dim=2)  # [B, h, hi + k*C, hd]
+    values = torch.cat([v0[:, :, :hi], vd], dim=2)
+    rows = torch.arange(c, device=q.device)[:, None]  # [C, 1]
+    causal = torch.arange(hi, device=q.device)[None, :] <= rows + lo  # [C, hi]
+    diag = (torch.arange(steps * c, device=q.device) % c)[None, :] == rows  # [C, k*C]
+    mask = torch.cat([causal, diag], dim=1)  # [C, hi + k*C] bool, True = attend
+    return F.scaled_dot_product_attention(q[:, :, lo:hi], keys, values, attn_mask=mask)
 
 
 # --------------------------------------------------------------------------- modules
@@ -370,13 +386,18 @@ class Eagle3Drafter(nn.Module):
         return self._logits(out), out
 
     def ttt_forward(self, aux: Tensor, input_ids: Tensor, steps: int) -> list[Tensor]:
+        """Per-step logits [B, T, D] of `ttt_hidden` (evaluation; training never builds these)."""
+        return [self._logits(h) for h in self.ttt_hidden(aux, input_ids, steps)]
+
+    def ttt_hidden(self, aux: Tensor, input_ids: Tensor, steps: int) -> list[Tensor]:
         """Training-time test: `steps` chained drafting steps at every index of a right-padded batch.
 
         aux [B, T, 3H], input_ids [B, T] (position t of row b is token t of its sample, positions
         start at 0). Step k at index t embeds input_ids[t + 1 + k] (ids past the end are replaced by
         id 0: those positions must carry no loss), sits at RoPE position t + k and predicts token
         t + 2 + k. Right padding needs no mask: causal attention never lets a real position see a pad.
-        Returns per-step logits, each [B, T, D].
+        Returns per-step pre-norm hidden states, each [B, T, H] (logits = lm_head(norm(h)): the loss
+        computes them in row chunks, so [B, T, D] per step never exists during training).
         """
         b, t = input_ids.shape
         layer = self.layers[0]
@@ -389,7 +410,7 @@ class Eagle3Drafter(nn.Module):
         k0 = v0 = None
         k_diag: list[Tensor] = []  # step j >= 1 keys, each [B, nH, T, hd]
         v_diag: list[Tensor] = []
-        step_logits = []
+        step_hidden = []
         for k in range(steps):
             ids = shifted_ids[:, 1 + k : 1 + k + t]  # [B, T]
             x = layer.attn_input(self.embed_tokens(ids), hidden)  # [B, T, 2H]
@@ -403,14 +424,10 @@ class Eagle3Drafter(nn.Module):
                 k_diag.append(key)
                 v_diag.append(value)
                 kd, vd = torch.stack(k_diag, dim=3), torch.stack(v_diag, dim=3)  # [B, nH, T, k, hd]
-            if torch.is_grad_enabled():
-                # Recompute scores in backward so no step keeps its [T, T] fp32 probabilities alive.
-                out = checkpoint(tree_attention, q, k0, v0, kd, vd, use_reentrant=False)
-            else:
-                out = tree_attention(q, k0, v0, kd, vd)
+            out = tree_attention(q, k0, v0, kd, vd)  # [B, nH, T, hd]
             hidden = layer.finish(attn.project_out(out), hidden)  # [B, T, H], fed to step k + 1
-            step_logits.append(self._logits(hidden))
-        return step_logits
+            step_hidden.append(hidden)
+        return step_hidden
 
     def draft_to_target(self, draft_ids: Tensor) -> Tensor:
         """Draft-vocab ids -> target-vocab ids."""

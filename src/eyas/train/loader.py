@@ -38,6 +38,9 @@ class Batch:
     def num_tokens(self) -> int:
         return int(self.lengths.sum())
 
+    def pin(self) -> Batch:
+        return Batch(*(getattr(self, f).pin_memory() for f in self.__dataclass_fields__))
+
     def to(self, device: torch.device | str) -> Batch:
         return Batch(*(getattr(self, f).to(device, non_blocking=True) for f in self.__dataclass_fields__))
 
@@ -58,6 +61,7 @@ class PairedLoader:
         seed: int,
         expected: dict,
         prefetch: int = 2,
+        pin_memory: bool = False,
     ):
         if len(token_shards) != len(hidden_stores):
             raise ValueError(f"{len(token_shards)} token shards but {len(hidden_stores)} hidden stores")
@@ -67,6 +71,7 @@ class PairedLoader:
         self.token_budget = token_budget
         self.seed = seed
         self.prefetch = prefetch
+        self.pin_memory = pin_memory  # page-locked batches: the host-to-GPU copy can run async
         self.tokens = []  # per pair: (input_ids, loss_mask, offsets) numpy
         samples = []  # (pair, sample, length)
         self.store_attrs: list[dict] = []
@@ -113,7 +118,10 @@ class PairedLoader:
     # ----------------------------------------------------------------------- reading
     def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
         """Batches of `epoch`, after skipping its first `skip` (read ahead in a background thread)."""
-        plan = self.plan(epoch)[skip:]
+        yield from self.batches(self.plan(epoch)[skip:])
+
+    def batches(self, plan: list[np.ndarray | None]) -> Iterator[Batch | None]:
+        """Read the given batches in order (None passes through: an empty micro-batch)."""
         if self.prefetch <= 0:
             stores: dict[int, HiddenStore] = {}
             for rows in plan:
@@ -121,7 +129,9 @@ class PairedLoader:
             return
         yield from _prefetched(self, plan, self.prefetch)
 
-    def _read(self, rows: np.ndarray, stores: dict[int, HiddenStore]) -> Batch:
+    def _read(self, rows: np.ndarray | None, stores: dict[int, HiddenStore]) -> Batch | None:
+        if rows is None:
+            return None
         picks = self.samples[rows]
         t_max = int(picks[:, 2].max())
         b = len(picks)
@@ -141,7 +151,8 @@ class PairedLoader:
             mask[row, :length] = torch.from_numpy(loss_mask[lo : lo + length].astype(np.int64))
         lengths = torch.as_tensor(picks[:, 2])
         valid = torch.arange(t_max)[None, :] < lengths[:, None]
-        return Batch(aux, final, ids, mask, valid, lengths)
+        batch = Batch(aux, final, ids, mask, valid, lengths)
+        return batch.pin() if self.pin_memory else batch
 
     def _store(self, pair: int, stores: dict[int, HiddenStore]) -> HiddenStore:
         if pair not in stores:
@@ -163,7 +174,7 @@ def check_pair(shard, store: HiddenStore, tok_path: str, hid_path: str, expected
     check_provenance(shard.attrs, {k: v for k, v in expected.items() if k in TOKEN_FIELDS}, tok_path)
 
 
-def _prefetched(loader: PairedLoader, plan: list[np.ndarray], depth: int) -> Iterator[Batch]:
+def _prefetched(loader: PairedLoader, plan: list[np.ndarray | None], depth: int) -> Iterator[Batch | None]:
     """Read batches in one background thread (zarr/Blosc decoding overlaps the training step)."""
     out: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()

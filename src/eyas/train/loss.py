@@ -100,3 +100,133 @@ def simulated_tau(conditional_acc: list[float]) -> float:
         prod *= acc
         tau += prod
     return tau
+
+
+# --------------------------------------------------------------------------- chunked training loss
+ROW_CHUNK = 1024  # loss rows per block: [1024, D] fp32 logits/teacher/grad at a time (128 MB at D = 32k)
+
+
+class _LinearSoftCE(torch.autograd.Function):
+    """sum_rows soft-CE(softmax(tx @ tw.T) || log_softmax(x @ w.T)), never holding [N, D] at once.
+
+    Gradients w.r.t. x and w are computed in the forward pass block by block (d loss / d logits =
+    softmax(logits) - p), so backward only scales them: only [N, H] + [D, H] are kept, not [N, D].
+    With tw None, tx already holds the teacher logits [N, D] (cached by the caller).
+    Returns (loss_sum fp32 scalar, correct [N] bool = drafter argmax == teacher argmax).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, tx: Tensor, tw: Tensor | None, chunk: int):
+        n = x.shape[0]
+        loss = torch.zeros((), dtype=torch.float32, device=x.device)
+        correct = torch.zeros(n, dtype=torch.bool, device=x.device)
+        grad_x = torch.zeros_like(x)  # [N, H]
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # [D, H]
+        for lo in range(0, n, chunk):
+            xc = x[lo : lo + chunk]  # [C, H]
+            logits = (xc @ weight.T).float()  # [C, D] (autocast dtype matmul, fp32 softmax)
+            rows = tx[lo : lo + chunk]
+            teacher = (rows if tw is None else rows @ tw.T).float()  # [C, D]
+            p = teacher.softmax(-1)
+            logp = logits.log_softmax(-1)
+            loss += -(p * logp).sum()
+            correct[lo : lo + chunk] = logits.argmax(-1) == teacher.argmax(-1)
+            g = logp.exp_() - p  # [C, D] d loss / d logits
+            grad_x[lo : lo + chunk] = (g @ weight.to(g.dtype)).to(x.dtype)
+            grad_w += g.T @ xc.to(g.dtype)
+        ctx.save_for_backward(grad_x, grad_w)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(correct)
+        return loss, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_correct):
+        grad_x, grad_w = ctx.saved_tensors
+        return grad_loss * grad_x, (grad_loss * grad_w).to(ctx.weight_dtype), None, None, None
+
+
+TEACHER_CACHE_BYTES = 1 << 30  # cache [B, T, D] teacher logits up to 1 GiB (the CPU default: ~32 MB)
+
+
+def teacher_cache_fits(final: Tensor, draft_size: int, dtype: torch.dtype) -> bool:
+    """Whether [B, T, D] teacher logits of this batch are cheap enough to keep for all TTT steps."""
+    b, t, _ = final.shape
+    return b * t * draft_size * torch.finfo(dtype).bits // 8 <= TEACHER_CACHE_BYTES
+
+
+def teacher_in_vocab(final: Tensor, head: Tensor, t2d: Tensor, chunk: int = ARGMAX_CHUNK) -> Tensor:
+    """[B, T] bool: the target's greedy token (full-vocab argmax of lm_head(final)) is in the draft vocab.
+
+    final [B, T, H], head [V, H], t2d [V] bool. Only [chunk, V] logits exist at a time.
+    """
+    b, t, h = final.shape
+    flat = final.reshape(b * t, h)
+    greedy = torch.empty(b * t, dtype=torch.long, device=final.device)
+    with torch.no_grad():
+        for lo in range(0, b * t, chunk):
+            greedy[lo : lo + chunk] = (flat[lo : lo + chunk] @ head.T).argmax(-1)  # [chunk, V] -> [chunk]
+    return t2d[greedy].view(b, t)
+
+
+def step_counts(loss_mask: Tensor, valid: Tensor, in_vocab: Tensor, steps: int) -> list[int]:
+    """Loss-carrying positions of each TTT step (the normalisers of `ttt_loss_chunked`)."""
+    return [int(step_loss_mask(loss_mask, valid, in_vocab, k).sum()) for k in range(steps)]
+
+
+def ttt_loss_chunked(
+    step_hidden: list[Tensor],
+    norm: torch.nn.Module,
+    lm_head_weight: Tensor,
+    final: Tensor,
+    draft_head: Tensor,
+    in_vocab: Tensor,
+    loss_mask: Tensor,
+    valid: Tensor,
+    step_weight: float = 0.8,
+    counts: list[int] | None = None,
+    chunk: int = ROW_CHUNK,
+    teacher_logits: Tensor | None = None,
+) -> tuple[Tensor, dict]:
+    """`ttt_loss` without [B, T, D] tensors: logits and the teacher are built per block of loss rows.
+
+    step_hidden: per-step pre-norm drafter hidden [B, T, H] (`Eagle3Drafter.ttt_hidden`); norm and
+    lm_head_weight [D, H]: the drafter's final norm and head; final [B, T, H]: stored target states;
+    draft_head [D, H]: target lm_head rows of the draft vocab (the teacher restricted to it);
+    in_vocab [B, T] from `teacher_in_vocab`. counts: per-step normalisers; None = this batch's own
+    counts (pass global counts when a step's batch is split over micro-batches or ranks, so the sum
+    of the parts' losses and gradients is the loss of the whole).
+    Returns (loss, metrics) with the keys of `ttt_loss` plus integer `correct` / `cond_correct`.
+    """
+    total = final.new_zeros((), dtype=torch.float32)
+    chain_ok = torch.ones_like(valid, dtype=torch.bool)
+    metrics: dict[str, list] = {
+        k: [] for k in ("loss", "count", "acc", "correct", "cond_count", "cond_acc", "cond_correct")
+    }
+    for k, hidden in enumerate(step_hidden):
+        mask = step_loss_mask(loss_mask, valid, in_vocab, k)  # [B, T]
+        rows, cols = mask.nonzero(as_tuple=True)
+        count = int(rows.numel())
+        norm_count = counts[k] if counts is not None else count
+        x = norm(hidden[rows, cols])  # [N, H]
+        if teacher_logits is None:
+            tx, tw = final[rows, cols + 1 + k], draft_head  # [N, H] teacher states at t+1+k
+        else:
+            tx, tw = teacher_logits[rows, cols + 1 + k], None  # [N, D]
+        loss_sum, row_correct = _LinearSoftCE.apply(x, lm_head_weight, tx, tw, chunk)
+        step = loss_sum / max(norm_count, 1)
+        total = total + step_weight**k * step
+        with torch.no_grad():
+            correct = torch.zeros_like(mask)
+            correct[rows, cols] = row_correct
+            cond = mask & chain_ok
+            n_correct, n_cond = int(row_correct.sum()), int(cond.sum())
+            n_cond_correct = int((correct & cond).sum())
+            metrics["loss"].append(float(step.detach()))
+            metrics["count"].append(count)
+            metrics["correct"].append(n_correct)
+            metrics["acc"].append(n_correct / count if count else 0.0)
+            metrics["cond_count"].append(n_cond)
+            metrics["cond_correct"].append(n_cond_correct)
+            metrics["cond_acc"].append(n_cond_correct / n_cond if n_cond else 0.0)
+            chain_ok = chain_ok & correct
+    return total, metrics

@@ -1,21 +1,21 @@
-"""Train an EAGLE-3 drafter on stored hidden states: AdamW, warmup + cosine, clipping, checkpoints.
+"""Train an EAGLE-3 drafter on stored hidden states: AdamW, warmup + cosine, clipping, exact resume,
+data parallelism, checkpoint choice by simulated tau on held-out stores.
 
-Checkpoints live in a sibling `<out_dir>-checkpoint/` (model.safetensors, config.json, train_state.pt),
-outside Snakemake's output so a failed job's rerun resumes from it. A checkpoint is used only if its
-fingerprint (settings that change the result + input identities) matches this run. The final drafter
-appears at `out_dir` atomically, the CSV log at `log_path` atomically; while training, rows are
-appended to `<log_path>.partial` for watching.
+Checkpoints live in a sibling `<out_dir>-checkpoint/` (see `checkpoint.py`), outside Snakemake's output
+so a failed job's rerun resumes from it; it is used only if its fingerprint (settings that change the
+result + input identities) matches this run. Resume is exact: a run killed at any point and restarted
+writes the same log rows, bit for bit on CPU, as one that never stopped. With `select_by_tau`, the
+weights of the epoch with the best simulated tau on the held-out stores are the output; per-epoch
+metrics go to `epochs.csv` beside the log. The final drafter appears at `out_dir` atomically, the
+CSV log at `log_path` atomically; while training, rows are appended to `<log_path>.partial`.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-import hashlib
-import json
 import logging
 import math
-import os
 import shutil
 import time
 from contextlib import nullcontext
@@ -30,15 +30,25 @@ from eyas.model.drafter import DrafterConfig, Eagle3Drafter
 from eyas.provenance import DRAFTER_PROVENANCE, sha256_file
 from eyas.store import ProvenanceError, check_provenance
 from eyas.target import load_embed_and_head, load_target_tensor, read_config
+from eyas.train import distributed as ddp
+from eyas.train.checkpoint import (
+    checkpoint_dir,
+    fingerprint,
+    load_checkpoint,
+    remove_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from eyas.train.loader import PairedLoader
-from eyas.train.loss import teacher_from_final, ttt_loss
+from eyas.train.loss import step_counts, teacher_cache_fits, teacher_in_vocab, ttt_loss_chunked
 from eyas.validate import check_manifests
 from eyas.vocab import load_draft_vocab
 
 log = logging.getLogger("eyas.train")
 
 STORE_IDENTITY = ("model_id", "model_hash", "layer_ids", "layer_id_convention", "hidden_size", "num_taps")
-NOT_FINGERPRINTED = ("progress", "threads", "checkpoint_every", "device")  # do not change the maths
+EPOCH_COLUMNS = ("epoch", "step", "complete", "samples", "padded_microbatches", "simulated_tau")
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -59,8 +69,11 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def resolve_device(name: str) -> torch.device:
-    return torch.device(target.resolve_device(name))
+def resolve_device(name: str, world: ddp.World | None = None) -> torch.device:
+    device = torch.device(target.resolve_device(name))
+    if device.type == "cuda" and world is not None and world.active:
+        return torch.device("cuda", world.local_rank)
+    return device
 
 
 def resolve_amp(dtype: str, device: torch.device) -> torch.dtype | None:
@@ -68,30 +81,6 @@ def resolve_amp(dtype: str, device: torch.device) -> torch.dtype | None:
     if dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda"):
         return torch.bfloat16
     return None
-
-
-def checkpoint_dir(out_dir: str | os.PathLike) -> Path:
-    out = Path(out_dir)
-    return out.with_name(out.name + "-checkpoint")
-
-
-def fingerprint(settings, inputs: dict) -> str:
-    relevant = {k: v for k, v in dataclasses.asdict(settings).items() if k not in NOT_FINGERPRINTED}
-    return hashlib.sha256(json.dumps([relevant, inputs], sort_keys=True).encode()).hexdigest()
-
-
-# --------------------------------------------------------------------------- checkpoints
-def save_checkpoint(path: Path, model: Eagle3Drafter, extra_config: dict, state: dict) -> None:
-    with atomic_dir(path) as tmp:
-        model.save_pretrained(tmp, extra_config=extra_config)
-        torch.save(state, tmp / "train_state.pt")
-
-
-def load_train_state(path: Path) -> dict | None:
-    state_path = path / "train_state.pt"
-    if not state_path.exists():
-        return None
-    return torch.load(state_path, map_location="cpu", weights_only=True)
 
 
 # --------------------------------------------------------------------------- setup
@@ -136,6 +125,92 @@ def _build_model(
     return model, head
 
 
+class Teacher:
+    """The target head on the training device: full [V, H] for the in-vocab argmax, [D, H] draft rows."""
+
+    def __init__(self, head: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor, device, dtype):
+        self.head = head.to(device, dtype)  # [V, H] teacher matmuls run in the autocast dtype
+        self.draft_head = self.head[(torch.arange(len(d2t)) + d2t).to(device)]  # [D, H]
+        self.t2d = t2d.to(device)  # [V] bool
+
+
+# --------------------------------------------------------------------------- one optimizer step
+def train_step(model, teacher: Teacher, micro, settings, amp, world: ddp.World, device) -> dict:
+    """Forward/backward of this rank's micro-batches (None = padding), gradients summed over ranks.
+
+    Every part's loss is normalised by the step's global count of loss-carrying positions, so the
+    summed gradient is that of the whole global batch. Returns global metrics (no optimizer step).
+    """
+    steps = settings.ttt_steps
+    autocast = (lambda: torch.autocast(device.type, dtype=amp)) if amp is not None else nullcontext
+    prepared = []
+    counts = torch.zeros(steps, dtype=torch.int64)
+    for batch in micro:
+        if batch is None:
+            continue
+        batch = batch.to(device)
+        final = batch.final.to(teacher.head.dtype)  # [B, T, H]
+        in_vocab = teacher_in_vocab(final, teacher.head, teacher.t2d)  # [B, T] bool
+        counts += torch.tensor(step_counts(batch.loss_mask, batch.valid, in_vocab, steps))
+        prepared.append((batch, final, in_vocab))
+    counts = ddp.all_reduce_sum(counts, world)  # global normalisers
+    # sums: loss, tokens, then per step correct, cond_count, cond_correct
+    sums = torch.zeros(2 + 3 * steps, dtype=torch.float64)
+    for batch, final, in_vocab in prepared:
+        with autocast():
+            cached = None
+            if teacher_cache_fits(final, len(teacher.draft_head), teacher.head.dtype):
+                with torch.no_grad():
+                    cached = final @ teacher.draft_head.T  # [B, T, D] once, shared by every step
+            hidden = model.ttt_hidden(batch.aux, batch.input_ids, steps)  # steps x [B, T, H]
+            loss, m = ttt_loss_chunked(
+                hidden,
+                model.norm,
+                model.lm_head.weight,
+                final,
+                teacher.draft_head,
+                in_vocab,
+                batch.loss_mask,
+                batch.valid,
+                settings.step_weight,
+                counts=counts.tolist(),
+                teacher_logits=cached,
+            )
+        loss.backward()
+        part = [float(loss.detach()), batch.num_tokens, *m["correct"], *m["cond_count"], *m["cond_correct"]]
+        sums += torch.tensor(part, dtype=torch.float64)
+    ddp.sum_gradients([p for p in model.parameters() if p.requires_grad], world)
+    sums = ddp.all_reduce_sum(sums, world)
+    correct, cond_count, cond_correct = sums[2:].view(3, steps)
+    count = counts.tolist()
+    return {
+        "loss": float(sums[0]),
+        "tokens": int(sums[1]),
+        "count": count,
+        "acc": [float(c) / n if n else 0.0 for c, n in zip(correct, count, strict=True)],
+        "cond_acc": [
+            float(c) / float(n) if n else 0.0 for c, n in zip(cond_correct, cond_count, strict=True)
+        ],
+    }
+
+
+def heldout_metrics(model, settings, heldout: dict, model_dir: str, expected: dict, device) -> dict:
+    """Offline metrics (evaluate/offline.py) of the current weights on the held-out stores."""
+    from eyas.evaluate.offline import evaluate_offline
+
+    metrics = evaluate_offline(
+        model,
+        heldout["token_shards"],
+        heldout["hidden_stores"],
+        model_dir,
+        ttt_steps=settings.ttt_steps,
+        expected_provenance=expected,
+        device=str(device),
+    )
+    model.train()
+    return metrics
+
+
 # --------------------------------------------------------------------------- training
 def train(
     settings,
@@ -147,30 +222,40 @@ def train(
     out_dir: str,
     log_path: str,
     expected_provenance: dict,
+    heldout: dict | None = None,
     manifests: list[str] | None = None,
 ) -> dict:
-    """Train a drafter; write it to `out_dir` and the CSV log to `log_path`. Returns run statistics.
-
-    `manifests` (the validate rule's, one per store): each store must have a passing, current one.
-    """
+    """Train a drafter; write it to `out_dir`, the CSV log to `log_path` and per-epoch metrics to
+    `epochs.csv` beside it. heldout: {"token_shards", "hidden_stores"} for checkpoint choice by
+    simulated tau (required when settings.select_by_tau). `manifests` (the validate rule's, one per
+    store): each store must have a passing, current one. Returns run statistics (on every rank)."""
     if manifests is not None:
         check_manifests(hidden_stores, manifests)
+    world = ddp.current_world()
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    device = resolve_device(settings.device)
+    if settings.select_by_tau and not heldout:
+        raise ValueError("train.select_by_tau needs held-out stores (heldout=...)")
+    device = resolve_device(settings.device, world)
     amp = resolve_amp(settings.dtype, device)
+    accum = settings.grad_accum
     loader = PairedLoader(
-        token_shards, hidden_stores, settings.token_budget, settings.seed, expected_provenance
+        token_shards,
+        hidden_stores,
+        settings.token_budget,
+        settings.seed,
+        expected_provenance,
+        pin_memory=device.type == "cuda",
     )
     d2t, t2d, vocab_meta = load_draft_vocab(vocab_path)
     attrs = _check_inputs(loader, hidden_stores, vocab_meta, settings)
     model, head = _build_model(model_dir, attrs, d2t, t2d, settings.seed, settings.init_head_from_target)
     model.to(device).train()
-    head = head.to(device, amp or torch.float32)  # teacher matmuls run in the autocast dtype
-    draft_ids = (torch.arange(len(d2t)) + d2t).to(device)
-    t2d_dev = t2d.to(device)
+    ddp.broadcast_parameters(model, world)
+    teacher = Teacher(head, d2t, t2d, device, amp or torch.float32)
+    del head
 
-    per_epoch = [loader.num_batches(e) for e in range(settings.epochs)]
+    per_epoch = [len(ddp.step_groups(loader.plan(e), world.size, accum)) for e in range(settings.epochs)]
     total = sum(per_epoch) if settings.max_steps is None else min(settings.max_steps, sum(per_epoch))
     optimizer = torch.optim.AdamW(param_groups(model, settings.weight_decay), lr=settings.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -181,23 +266,36 @@ def train(
     extra.update({"draft_vocab_hash": vocab_hash, "train_settings": dataclasses.asdict(settings)})
     fp = fingerprint(
         settings,
-        {"stores": [a.get("tokens_checksum") for a in loader.store_attrs], "vocab": vocab_hash, **extra},
+        {
+            "stores": [a.get("tokens_checksum") for a in loader.store_attrs],
+            "vocab": vocab_hash,
+            "world_size": world.size,
+            **extra,
+        },
     )
 
     ckpt = checkpoint_dir(out_dir)
-    step, epoch, in_epoch, tokens, seconds, rows = 0, 0, 0, 0, 0.0, []
-    state = load_train_state(ckpt)
-    if state is not None and state["fingerprint"] != fp:
+    best_dir = Path(out_dir).with_name(Path(out_dir).name + "-best")
+    step, epoch, in_epoch, seconds, rows, epochs = 0, 0, 0, 0.0, [], []
+    tokens = 0
+    seen = torch.zeros(len(loader.samples), dtype=torch.int32)  # per-sample uses this epoch (all ranks)
+    best: dict = {}
+    found = load_checkpoint(ckpt)
+    if found is not None and found[1]["fingerprint"] != fp:
         log.warning("%s: checkpoint is from different settings or inputs; starting fresh", ckpt)
-        state = None
-    if state is not None:
-        model.load_state_dict(Eagle3Drafter.from_pretrained(ckpt).state_dict())
+        found = None
+    if found is not None:
+        path, state = found
+        model.load_state_dict(Eagle3Drafter.from_pretrained(path, map_location=device).state_dict())
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        step, epoch, in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
-        tokens, seconds, rows = state["tokens"], state["seconds"], state["log_rows"]
-        log.info("resuming from %s at step %d (epoch %d, batch %d)", ckpt, step, epoch, in_epoch)
+        set_rng_state(state["rng"])
+        step, epoch, in_epoch = state["step"], state["epoch"], state["group_in_epoch"]
+        tokens, seconds, rows, epochs = state["tokens"], state["seconds"], state["log_rows"], state["epochs"]
+        best = state["best"]
+        if world.main:  # the checkpoint holds the all-rank count; other ranks add their own from here
+            seen = state["seen"].clone()
+        log.info("resuming from %s at step %d (epoch %d, step group %d)", path, step, epoch, in_epoch)
     resumed_from = step
 
     columns = [
@@ -210,84 +308,158 @@ def train(
         "grad_norm",
     ]
     partial = Path(str(log_path) + ".partial")
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    with open(partial, "w", newline="") as fh:
-        csv.writer(fh).writerows([columns, *rows])
+    if world.main:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        with open(partial, "w", newline="") as fh:
+            csv.writer(fh).writerows([columns, *rows])
 
     def snapshot() -> dict:
         return {
             "fingerprint": fp,
             "step": step,
             "epoch": epoch,
-            "batch_in_epoch": in_epoch,
+            "group_in_epoch": in_epoch,
             "tokens": tokens,
             "seconds": seconds,
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
-            "torch_rng": torch.get_rng_state(),
+            "rng": rng_state(),
+            "seen": ddp.all_reduce_sum(seen.clone(), world),
             "log_rows": rows,
+            "epochs": epochs,
+            "best": best,
         }
+
+    def checkpoint_now() -> None:
+        state = snapshot()  # collective (seen): every rank takes part
+        if world.main:
+            save_checkpoint(ckpt, model, extra, state)
+        ddp.barrier(world)
+
+    def finish_epoch(complete: bool) -> None:
+        """Coverage check (every sample exactly once per complete epoch), held-out tau, best weights."""
+        nonlocal seen, best
+        counts = ddp.all_reduce_sum(seen.clone(), world)
+        record = {
+            "epoch": epoch,
+            "step": step,
+            "complete": complete,
+            "samples": int((counts > 0).sum()),
+            "padded_microbatches": ddp.padded_slots(len(loader.plan(epoch)), world.size, accum),
+        }
+        if complete and not bool((counts == 1).all()):
+            raise RuntimeError(
+                f"epoch {epoch}: {int((counts == 0).sum())} samples unseen, "
+                f"{int((counts > 1).sum())} seen more than once"
+            )
+        if settings.select_by_tau:
+            if world.main:
+                metrics = heldout_metrics(model, settings, heldout, model_dir, expected_provenance, device)
+                record["simulated_tau"] = metrics["simulated_tau"]
+                record["conditional_accuracy"] = metrics["conditional_accuracy"]
+                record["accuracy"] = metrics["accuracy"]
+                if not best or record["simulated_tau"] > best["simulated_tau"]:
+                    best = {"epoch": epoch, "step": step, "simulated_tau": record["simulated_tau"]}
+                    model.save_pretrained(best_dir, extra_config=extra)
+                log.info("epoch %d: held-out simulated tau %.4f", epoch, record["simulated_tau"])
+            ddp.barrier(world)
+        epochs.append(record)
+        seen = torch.zeros_like(seen)
 
     from tqdm import tqdm
 
-    bar = tqdm(total=total, initial=step, disable=not settings.progress, desc="train", unit="step")
-    metrics: dict = {"acc": [], "loss": []}
-    with open(partial, "a", newline="") as log_fh:
-        writer = csv.writer(log_fh)
+    bar = tqdm(
+        total=total, initial=step, disable=not (settings.progress and world.main), desc="train", unit="step"
+    )
+    metrics: dict = {"acc": [], "loss": None}
+    log_fh = open(partial, "a", newline="") if world.main else None  # noqa: SIM115 - closed below
+    writer = csv.writer(log_fh) if log_fh else None
+    try:
         while step < total and epoch < settings.epochs:
-            for batch in loader.epoch(epoch, skip=in_epoch):
+            groups = ddp.step_groups(loader.plan(epoch), world.size, accum)
+            mine = [ddp.rank_share(g, world.rank, accum) for g in groups]
+            batches = loader.batches([mb for share in mine[in_epoch:] for mb in share])
+            stopped = False
+            for g in range(in_epoch, len(groups)):
                 started = time.perf_counter()
-                batch = batch.to(device)
-                with torch.autocast(device.type, dtype=amp) if amp is not None else nullcontext():
-                    step_logits = model.ttt_forward(batch.aux, batch.input_ids, settings.ttt_steps)
-                    teacher, in_vocab = teacher_from_final(
-                        batch.final.to(head.dtype), head, draft_ids, t2d_dev
-                    )
-                loss, metrics = ttt_loss(
-                    step_logits, teacher, in_vocab, batch.loss_mask, batch.valid, settings.step_weight
-                )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip))
+                micro = [next(batches) for _ in range(accum)]
                 lr = optimizer.param_groups[0]["lr"]
+                optimizer.zero_grad(set_to_none=True)
+                metrics = train_step(model, teacher, micro, settings, amp, world, device)
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip))
                 optimizer.step()
                 scheduler.step()
-                step, in_epoch = step + 1, in_epoch + 1
-                tokens += batch.num_tokens
+                for rows_of_batch in mine[g]:
+                    if rows_of_batch is not None:
+                        seen[torch.as_tensor(rows_of_batch)] += 1
+                step, in_epoch = step + 1, g + 1
+                tokens += metrics["tokens"]
                 seconds += time.perf_counter() - started
-                row = [step, epoch, lr, float(loss.detach()), *metrics["acc"], tokens, grad_norm]
+                row = [step, epoch, lr, metrics["loss"], *metrics["acc"], tokens, grad_norm]
                 rows.append(row)
-                writer.writerow(row)
-                log_fh.flush()
+                if writer:
+                    writer.writerow(row)
+                    log_fh.flush()
                 bar.update(1)
                 bar.set_postfix(loss=f"{row[3]:.3f}", acc0=f"{metrics['acc'][0]:.3f}")
                 _after_step(step)
                 if step >= total:
+                    stopped = g + 1 < len(groups)
                     break
                 if settings.checkpoint_every and step % settings.checkpoint_every == 0:
-                    save_checkpoint(ckpt, model, extra, snapshot())
-            else:  # epoch exhausted
-                epoch, in_epoch = epoch + 1, 0
-    bar.close()
+                    checkpoint_now()
+            batches.close()
+            finish_epoch(complete=not stopped)
+            if stopped:
+                break
+            epoch, in_epoch = epoch + 1, 0
+    finally:
+        bar.close()
+        if log_fh:
+            log_fh.close()
 
     stats = {
         "steps": step,
         "resumed_from_step": resumed_from,
+        "world_size": world.size,
+        "grad_accum": accum,
         "tokens": tokens,
         "final_loss": rows[-1][3] if rows else None,
         "final_acc": list(metrics["acc"]),
         "seconds": seconds,
         "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "epochs": epochs,
+        "padded_microbatches": sum(e["padded_microbatches"] for e in epochs),
+        "selected": best or None,
     }
-    save_checkpoint(ckpt, model, extra, snapshot())
-    with atomic_dir(out_dir) as tmp:
-        model.save_pretrained(tmp, extra_config={**extra, "train_stats": stats})
-        shutil.copy(ckpt / "train_state.pt", tmp / "train_state.pt")
-    with atomic_file(log_path) as fh:
-        csv.writer(fh).writerows([columns, *rows])
-    partial.unlink(missing_ok=True)
-    shutil.rmtree(ckpt, ignore_errors=True)  # the final dir holds the same state
+    checkpoint_now()
+    if world.main:
+        source = best_dir if best else None
+        with atomic_dir(out_dir) as tmp:
+            model.save_pretrained(tmp, extra_config={**extra, "train_stats": stats})
+            if source is not None:  # the chosen epoch's weights replace the last ones
+                shutil.copy(source / "model.safetensors", tmp / "model.safetensors")
+            shutil.copy(ckpt / "train_state.pt", tmp / "train_state.pt")
+        with atomic_file(log_path) as fh:
+            csv.writer(fh).writerows([columns, *rows])
+        _write_epochs(Path(log_path).with_name("epochs.csv"), epochs, settings.ttt_steps)
+        partial.unlink(missing_ok=True)
+        remove_checkpoint(ckpt)  # the final dir holds the same state
+        shutil.rmtree(best_dir, ignore_errors=True)
+    ddp.barrier(world)
     return stats
+
+
+def _write_epochs(path: Path, epochs: list[dict], steps: int) -> None:
+    """One row per finished epoch: coverage, padding and held-out metrics (empty when not measured)."""
+    columns = [*EPOCH_COLUMNS, *(f"cond_acc_{k}" for k in range(steps)), *(f"acc_{k}" for k in range(steps))]
+    with atomic_file(path) as fh:
+        out = csv.writer(fh)
+        out.writerow(columns)
+        for e in epochs:
+            cond = e.get("conditional_accuracy") or [None] * steps
+            acc = e.get("accuracy") or [None] * steps
+            out.writerow([*(e.get(c) for c in EPOCH_COLUMNS), *cond, *acc])
 
 
 def _after_step(step: int) -> None:

@@ -1,0 +1,289 @@
+"""Train-stage bench: trainer tokens/s and peak memory, loader feed rate vs trainer consumption, and
+peak memory of one long sample at the 8B shape.
+
+    .venv/bin/python bench/train.py --out bench/results/train_cpu.json               # CPU part
+    python bench/train.py --device cuda --out bench/results/train_h200.json          # on a GPU host
+
+Every case runs in a fresh subprocess, so its peak memory is its own: on CUDA
+`torch.cuda.max_memory_allocated`, on CPU the process's peak RSS (`ru_maxrss`, which includes the
+~0.3-0.5 GB of the imported libraries; `baseline` reports that floor). Trainer cases are real
+`trainer.train_step` calls (teacher in-vocab argmax, TTT unroll, chunked loss, backward, AdamW step)
+on synthetic batches; the loader case reads real zarr stores written with the extract stage's codec
+(random bf16 states: they compress worse than real ones, so decoding is if anything slower).
+Prints a table and writes JSON (with the command line) to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SHAPES = {  # drafter shapes: (hidden, intermediate, heads, kv heads, head_dim, vocab, draft vocab)
+    "smollm2": dict(hidden=576, inter=1536, heads=9, kv=3, head_dim=64, vocab=49152, draft=8192),
+    "8b": dict(hidden=4096, inter=14336, heads=32, kv=8, head_dim=128, vocab=128256, draft=32000),
+}
+
+
+# --------------------------------------------------------------------------- cases (run in a child)
+def _drafter(shape: dict, device: torch.device):
+    from eyas.model.drafter import DrafterConfig, Eagle3Drafter
+
+    cfg = DrafterConfig(
+        hidden_size=shape["hidden"],
+        intermediate_size=shape["inter"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv"],
+        head_dim=shape["head_dim"],
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+        vocab_size=shape["vocab"],
+        draft_vocab_size=shape["draft"],
+        aux_layer_ids=[1, 2, 3],
+    )
+    torch.manual_seed(0)
+    return Eagle3Drafter(cfg).to(device).train()
+
+
+def _batch(shape: dict, rows: int, length: int, device: torch.device):
+    from eyas.train.loader import Batch
+
+    h = shape["hidden"]
+    g = torch.Generator().manual_seed(1)
+    return Batch(
+        aux=torch.randn(rows, length, 3 * h, generator=g),
+        final=torch.randn(rows, length, h, generator=g),
+        input_ids=torch.randint(0, shape["vocab"], (rows, length), generator=g),
+        loss_mask=torch.ones(rows, length, dtype=torch.int64),
+        valid=torch.ones(rows, length, dtype=torch.bool),
+        lengths=torch.full((rows,), length),
+    )
+
+
+def case_train(shape_name: str, rows: int, length: int, steps: int, device_name: str, ttt: int) -> dict:
+    """Trainer steps on [rows, length] batches: tokens/s and peak memory."""
+    from eyas.config import TrainSettings
+    from eyas.train.distributed import World
+    from eyas.train.trainer import Teacher, param_groups, resolve_amp, train_step
+
+    device = torch.device(device_name)
+    shape = SHAPES[shape_name]
+    settings = TrainSettings(ttt_steps=ttt, select_by_tau=False)
+    amp = resolve_amp("auto", device)
+    model = _drafter(shape, device)
+    head = torch.randn(shape["vocab"], shape["hidden"]) * 0.02
+    d2t = torch.zeros(shape["draft"], dtype=torch.int64)
+    t2d = torch.zeros(shape["vocab"], dtype=torch.bool)
+    t2d[: shape["draft"]] = True
+    teacher = Teacher(head, d2t, t2d, device, amp or torch.float32)
+    optimizer = torch.optim.AdamW(param_groups(model, 0.0), lr=1e-4)
+    batch = _batch(shape, rows, length, device)
+    if device.type == "cuda":
+        batch = batch.pin()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(steps + 1):  # step 0 is warm-up (allocator, kernels)
+        sync(device)
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        train_step(model, teacher, [batch], settings, amp, World(), device)
+        optimizer.step()
+        sync(device)
+        if i:
+            times.append(time.perf_counter() - start)
+    seconds = float(np.median(times))
+    return {
+        "tokens_per_step": rows * length,
+        "seconds_per_step": seconds,
+        "tokens_per_s": rows * length / seconds,
+        **peak(device),
+    }
+
+
+def case_loader(shape_name: str, samples: int, length: int, budget: int) -> dict:
+    """Read rate of PairedLoader (prefetch thread, zarr + Blosc decode) over real stores on disk."""
+    from eyas.provenance import LAYER_ID_CONVENTION, sha256_array
+    from eyas.store import bf16_to_uint16, hidden_store_writer, read_token_shard, write_token_shard
+    from eyas.train.loader import PairedLoader
+
+    shape = SHAPES[shape_name]
+    h = shape["hidden"]
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="eyas-bench-") as tmp:
+        tok, hid = Path(tmp) / "tok.zarr", Path(tmp) / "hid.zarr"
+        lengths = rng.integers(length // 2, length + 1, samples)
+        data = [(rng.integers(0, shape["vocab"], n).astype(np.int32), np.ones(n, np.uint8)) for n in lengths]
+        prov = {"model_id": "bench", "tokenizer_hash": "t", "chat_template_hash": "c"}
+        write_token_shard(tok, data, [f"s{i}" for i in range(samples)], prov)
+        shard = read_token_shard(tok)
+        attrs = {
+            **prov,
+            "model_hash": "m",
+            "layer_ids": [1, 2, 3],
+            "layer_id_convention": LAYER_ID_CONVENTION,
+            "tokens_checksum": sha256_array(shard.input_ids),
+        }
+        with hidden_store_writer(hid, shard.sample_offsets, h, 3, attrs) as writer:
+            for s, n in enumerate(lengths):
+                aux = torch.randn(int(n), 3 * h) * 2.0  # realistic magnitudes; mantissa bits are noise
+                writer.write_sample(s, bf16_to_uint16(aux), bf16_to_uint16(torch.randn(int(n), h)))
+        os.sync()
+        loader = PairedLoader([str(tok)], [str(hid)], budget, 0, {"model_hash": "m"})
+        plan = loader.plan(0)
+        start = time.perf_counter()
+        tokens = sum(b.num_tokens for b in loader.batches(plan))
+        seconds = time.perf_counter() - start
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "batches": len(plan)}
+
+
+def case_baseline(device_name: str) -> dict:
+    import eyas.train.trainer  # noqa: F401 - what every case imports
+
+    return peak(torch.device(device_name))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak(device: torch.device) -> dict:
+    if device.type == "cuda":
+        return {"peak_gib": torch.cuda.max_memory_allocated() / 2**30, "peak_kind": "cuda_max_allocated"}
+    return {
+        "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "peak_kind": "cpu_max_rss",
+    }
+
+
+# --------------------------------------------------------------------------- parent
+def run_case(name: str, threads: int, **kwargs) -> dict:
+    """Run one case in a fresh interpreter; an out-of-memory or crash is reported, not hidden."""
+    here = str(Path(__file__).parent)
+    code = (
+        f"import json, sys, torch; torch.set_num_threads({threads}); sys.path.insert(0, {here!r});"
+        f"import train as b; print('RESULT', json.dumps(b.case_{name}(**{kwargs!r})))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return {"case": name, **kwargs, **json.loads(line[7:])}
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+    status = "oom" if "out of memory" in proc.stderr.lower() else "failed"
+    return {"case": name, **kwargs, "error": status, "detail": tail[0][:300]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="JSON results path")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads per case")
+    ap.add_argument("--steps", type=int, default=3, help="timed trainer steps per case (after 1 warm-up)")
+    ap.add_argument("--long", default="8192,32768,65536", help="one-sample lengths at the 8B shape (GPU)")
+    args = ap.parse_args()
+    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
+    device = "cpu" if device == "auto" else device
+    results = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "device": torch.cuda.get_device_name() if device == "cuda" else f"cpu x{args.threads} threads",
+        "torch": torch.__version__,
+        "cases": [],
+    }
+    cases = results["cases"]
+    cases.append(run_case("baseline", args.threads, device_name=device))
+    # Trainer throughput at the default job's shape (SmolLM2, token_budget 1024 = 1 x 1024) ...
+    train_small = run_case(
+        "train",
+        args.threads,
+        shape_name="smollm2",
+        rows=1,
+        length=1024,
+        steps=args.steps,
+        device_name=device,
+        ttt=7,
+    )
+    cases.append(train_small)
+    loader_small = run_case(
+        "loader", args.threads, shape_name="smollm2", samples=48, length=1024, budget=1024
+    )
+    cases.append(loader_small)
+    ratios = {"smollm2": _ratio(loader_small, train_small)}
+    if device == "cuda":
+        # ... and at the 8B shape: throughput at a 16k-token budget, loader rate, long samples.
+        train_big = run_case(
+            "train",
+            args.threads,
+            shape_name="8b",
+            rows=4,
+            length=4096,
+            steps=args.steps,
+            device_name=device,
+            ttt=7,
+        )
+        loader_big = run_case("loader", args.threads, shape_name="8b", samples=24, length=4096, budget=16384)
+        cases += [train_big, loader_big]
+        ratios["8b"] = _ratio(loader_big, train_big)
+        for length in (int(x) for x in args.long.split(",")):
+            cases.append(
+                run_case(
+                    "train",
+                    args.threads,
+                    shape_name="8b",
+                    rows=1,
+                    length=length,
+                    steps=1,
+                    device_name=device,
+                    ttt=7,
+                )
+            )
+    results["loader_over_trainer"] = ratios
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print_table(results)
+
+
+def _ratio(loader: dict, trainer: dict) -> dict:
+    if "tokens_per_s" not in loader or "tokens_per_s" not in trainer:
+        return {"ok": None}
+    ratio = loader["tokens_per_s"] / trainer["tokens_per_s"]
+    return {
+        "loader_tok_s": loader["tokens_per_s"],
+        "trainer_tok_s": trainer["tokens_per_s"],
+        "ratio": ratio,
+        "ok": ratio >= 2,
+    }
+
+
+def print_table(results: dict) -> None:
+    print(f"# {results['command']}\n# {results['device']}, torch {results['torch']}")
+    print(f"{'case':9} {'shape':8} {'rows x T':>12} {'tok/s':>10} {'s/step':>8} {'peak GiB':>9}")
+    for c in results["cases"]:
+        shape = c.get("shape_name", "-")
+        dims = f"{c.get('rows', c.get('samples', '-'))} x {c.get('length', '-')}"
+        if "error" in c:
+            print(f"{c['case']:9} {shape:8} {dims:>12} {c['error']}: {c['detail']}")
+            continue
+        tok = f"{c['tokens_per_s']:.0f}" if "tokens_per_s" in c else "-"
+        sec = f"{c['seconds_per_step']:.3f}" if "seconds_per_step" in c else "-"
+        mem = f"{c['peak_gib']:.2f}" if "peak_gib" in c else "-"
+        print(f"{c['case']:9} {shape:8} {dims:>12} {tok:>10} {sec:>8} {mem:>9}")
+    for shape, r in results["loader_over_trainer"].items():
+        if r.get("ratio") is not None:
+            verdict = "ok" if r["ok"] else "LOADER TOO SLOW"
+            rates = f"{r['loader_tok_s']:.0f} / {r['trainer_tok_s']:.0f} tok/s"
+            print(f"loader/trainer at {shape}: {rates} = {r['ratio']:.1f}x ({verdict})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Run training from a JSON spec: in this process, or as `torchrun ... -m eyas.train.cli SPEC` ranks.
+
+spec = {"settings": TrainSettings fields, "inputs": keyword arguments of `trainer.train`,
+"stats_path": where rank 0 writes the returned statistics (JSON)}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from eyas.atomic import atomic_file
+from eyas.config import TrainSettings
+
+
+def run(spec: dict) -> dict:
+    """Train in this process (joining torchrun's process group when launched by it)."""
+    from eyas.train import distributed as ddp
+    from eyas.train.trainer import train
+
+    settings = TrainSettings(**spec["settings"])
+    world = ddp.init_from_env("cuda" if settings.device == "cuda" else "cpu")
+    try:
+        stats = train(settings, **spec["inputs"])
+        if world.main and spec.get("stats_path"):
+            with atomic_file(spec["stats_path"]) as fh:
+                json.dump(stats, fh, indent=2)
+    finally:
+        if world.active:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    return stats
+
+
+def train_job(settings: TrainSettings, inputs: dict, launch_log: str | None = None) -> dict:
+    """Train with `settings.nproc` processes: in-process for 1, through torchrun for more."""
+    import dataclasses
+
+    if settings.nproc <= 1:
+        return run({"settings": dataclasses.asdict(settings), "inputs": inputs})
+    from eyas.train.distributed import launch
+
+    with tempfile.TemporaryDirectory(prefix="eyas-train-") as tmp:
+        spec_path, stats_path = Path(tmp) / "spec.json", Path(tmp) / "stats.json"
+        spec = {"settings": dataclasses.asdict(settings), "inputs": inputs, "stats_path": str(stats_path)}
+        spec_path.write_text(json.dumps(spec))
+        launch(settings.nproc, str(spec_path), launch_log)
+        return json.loads(stats_path.read_text())
+
+
+def main(argv: list[str]) -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run(json.loads(Path(argv[0]).read_text()))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
