@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import zarr
 
 from eyas.store import (
     HiddenStore,
@@ -113,3 +114,42 @@ def test_check_provenance_names_the_field():
     check_provenance(attrs, {"model_id": "a", "layer_ids": (1, 14, 26)}, "store")
     with pytest.raises(ProvenanceError, match="'layer_ids'"):
         check_provenance(attrs, {"model_id": "a", "layer_ids": [2, 15, 27]}, "store")
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8_e4m3"])
+def test_direct_chunk_writes_equal_zarrs_own(tmp_path, storage):
+    """The writer encodes chunks itself; every chunk file must be byte-identical to zarr's, edge
+    chunk included, so any zarr reader reads the store."""
+    from eyas.quant import fp8_quantize
+
+    lengths, hidden, taps = [40, 3, 100, 17], 8, 3  # 160 tokens in 24-token chunks: an edge chunk
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    states = torch.randn(int(offsets[-1]), taps + 1, hidden) * torch.logspace(-2, 2, hidden)
+    if storage == "bf16":
+        aux = bf16_to_uint16(states[:, :taps].reshape(len(states), -1))
+        final = bf16_to_uint16(states[:, taps])
+        scale = None
+    else:
+        bits, scales = fp8_quantize(states)
+        aux, final = bits[:, :taps].reshape(len(states), -1).numpy(), bits[:, taps].numpy()
+        scale = scales.numpy()
+    with hidden_store_writer(tmp_path / "h.zarr", offsets, hidden, taps, {}, 24, storage) as w:
+        for i in range(len(lengths)):
+            lo, hi = offsets[i], offsets[i + 1]
+            rows = (aux[lo:hi], final[lo:hi]) + (() if scale is None else (scale[lo:hi],))
+            w.write_sample(i, *rows)
+    ours = zarr.open_group(tmp_path / "h.zarr", mode="r")
+    reference = zarr.open_group(tmp_path / "ref.zarr", mode="w", zarr_format=3)
+    for name in ("aux", "final", "scale") if scale is not None else ("aux", "final"):
+        theirs = reference.create_array(
+            name, shape=ours[name].shape, dtype=ours[name].dtype, chunks=ours[name].chunks,
+            compressors=ours[name].compressors, fill_value=0,
+        )  # fmt: skip
+        theirs[:] = ours[name][:]
+        files = sorted(
+            p.relative_to(tmp_path / "h.zarr") for p in (tmp_path / "h.zarr" / name / "c").rglob("*")
+        )
+        assert len([f for f in files if (tmp_path / "h.zarr" / f).is_file()]) == 7  # ceil(160 / 24)
+        for f in files:
+            if (tmp_path / "h.zarr" / f).is_file():
+                assert (tmp_path / "h.zarr" / f).read_bytes() == (tmp_path / "ref.zarr" / f).read_bytes()

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numcodecs
 import numpy as np
 import torch
 import zarr
@@ -26,7 +27,7 @@ HIDDEN_FORMAT = "eyas.hidden/1"
 CHUNK_TOKENS = 256  # FACTS §2 + bench/chunks.py: whole-sample random reads match per-sample files
 CODEC_NAMES = {
     "bf16": "blosc:zstd:clevel=1:shuffle=byte:typesize=2:blocksize=1MiB",
-    "fp8_e4m3": "blosc:zstd:clevel=1:shuffle=bit:typesize=1:blocksize=1MiB",
+    "fp8_e4m3": "blosc:zstd:clevel=1:shuffle=bit:typesize=1:blocksize=1MiB (scale: float32, byte shuffle)",
 }
 STORED_DTYPES = {"bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn"}
 
@@ -35,12 +36,27 @@ class ProvenanceError(ValueError):
     """A store was made from a different model, tokenizer, template or layer set than expected."""
 
 
-def hidden_codec(storage: str = "bf16") -> BloscCodec:
-    # FACTS §2: a 1 MiB block lets zstd see whole exponent runs: ratio 1.42 vs 1.22 at Blosc's default.
-    # fp8 bytes hold sign, 4 exponent and 3 mantissa bits: bit planes separate the compressible exponent.
-    if storage == "fp8_e4m3":
-        return BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle", typesize=1, blocksize=1 << 20)
-    return BloscCodec(cname="zstd", clevel=1, shuffle="shuffle", typesize=2, blocksize=1 << 20)
+# Blosc settings per on-disk encoding. FACTS §2: a 1 MiB block lets zstd see whole exponent runs
+# (ratio 1.42 vs 1.22 at Blosc's default block); fp8 bytes hold sign, 4 exponent and 3 mantissa bits,
+# so bit planes separate the compressible exponent; scales are float32.
+BLOSC_SETTINGS = {
+    "bf16": {"cname": "zstd", "clevel": 1, "shuffle": "shuffle", "typesize": 2, "blocksize": 1 << 20},
+    "fp8_e4m3": {"cname": "zstd", "clevel": 1, "shuffle": "bitshuffle", "typesize": 1, "blocksize": 1 << 20},
+    "scale": {"cname": "zstd", "clevel": 1, "shuffle": "shuffle", "typesize": 4, "blocksize": 1 << 20},
+}
+_NUMCODECS_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+def hidden_codec(encoding: str = "bf16") -> BloscCodec:
+    """The zarr codec of an array with this encoding (`bf16`, `fp8_e4m3` or `scale`)."""
+    return BloscCodec(**BLOSC_SETTINGS[encoding])
+
+
+def chunk_encoder(encoding: str) -> numcodecs.Blosc:
+    """The same Blosc as `hidden_codec`, called directly: it releases the GIL while compressing."""
+    settings = dict(BLOSC_SETTINGS[encoding])
+    settings["shuffle"] = _NUMCODECS_SHUFFLE[settings["shuffle"]]
+    return numcodecs.Blosc(**settings)
 
 
 def hidden_layout(storage: str, hidden_size: int, num_taps: int) -> dict[str, tuple[int, type]]:
@@ -136,6 +152,12 @@ class HiddenStoreWriter:
     Rows are buffered per chunk until every row of that chunk has arrived, so each chunk is encoded
     and written exactly once (FACTS §2: one writer per chunk range, whole chunks only). Memory holds
     only the chunks that are partly filled.
+
+    zarr creates the arrays' metadata; chunks are then encoded with the arrays' own Blosc settings
+    and written straight to their keys (`{array}/c/{i}/0`, byte-identical to what zarr writes, see
+    tests/test_store.py). zarr's own write path runs every chunk through its event loop holding the
+    GIL, which starved the thread driving the GPU (bench/results/extract-h200-*.json). `submit`
+    decides where a chunk is written: inline by default, on a thread pool during extraction.
     """
 
     def __init__(
@@ -157,18 +179,22 @@ class HiddenStoreWriter:
         layout = hidden_layout(storage, hidden_size, num_taps)
         self.widths = {name: width for name, (width, _) in layout.items()}
         self.dtypes = {name: dtype for name, (_, dtype) in layout.items()}
+        self.root = Path(tmp_path)
         self.group = zarr.open_group(tmp_path, mode="w", zarr_format=3)
+        encodings = {name: "scale" if name == "scale" else storage for name in layout}
         self.arrays = {
             name: self.group.create_array(
                 name,
                 shape=(self.num_tokens, width),
                 dtype=dtype,
                 chunks=(chunk_tokens, width),
-                compressors=[hidden_codec(storage if name != "scale" else "bf16")],
+                compressors=[hidden_codec(encodings[name])],
                 fill_value=0,
             )
             for name, (width, dtype) in layout.items()
         }
+        self.encoders = {name: chunk_encoder(encoding) for name, encoding in encodings.items()}
+        self.submit: Callable[..., None] = lambda fn, *args: fn(*args)
         offsets = self.group.create_array(
             "sample_offsets", shape=self.offsets.shape, dtype=np.int64, chunks=self.offsets.shape
         )
@@ -220,8 +246,10 @@ class HiddenStoreWriter:
             chunk_lo = chunk * self.chunk_tokens
             stop = min(hi, chunk_lo + self._chunk_rows(chunk))
             if chunk not in self._pending:
+                # zarr v3 stores an edge chunk at full size, padded with the fill value (0).
+                alloc = np.empty if self._chunk_rows(chunk) == self.chunk_tokens else np.zeros
                 self._pending[chunk] = {
-                    n: np.empty((self._chunk_rows(chunk), w), self.dtypes[n]) for n, w in self.widths.items()
+                    n: alloc((self.chunk_tokens, w), self.dtypes[n]) for n, w in self.widths.items()
                 }
                 self._filled[chunk] = 0
             buffers = self._pending[chunk]
@@ -235,9 +263,16 @@ class HiddenStoreWriter:
     def _flush(self, chunk: int) -> None:
         buffers = self._pending.pop(chunk)
         del self._filled[chunk]
-        lo = chunk * self.chunk_tokens
         for name, data in buffers.items():
-            self.arrays[name][lo : lo + len(data)] = data
+            self.submit(self.write_chunk, name, chunk, data)
+
+    def write_chunk(self, name: str, chunk: int, data: np.ndarray) -> None:
+        """Encode one whole chunk [chunk_tokens, width] and write it to its key."""
+        path = self.root / name / "c" / str(chunk) / "0"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        encoded = self.encoders[name].encode(np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<")))
+        with open(path, "wb") as fh:
+            fh.write(encoded)
 
     @property
     def pending_chunks(self) -> int:

@@ -51,12 +51,12 @@ def run(job):
         stage = hf.stage_batch
         hf.stage_batch = lambda *a: pause() if nth(3) else stage(*a)
     elif point == "mid_write":  # chunk 1 of aux is on disk, chunk 1 of final not yet
-        setitem = zarr.Array.__setitem__
-        def patched(self, key, value):
-            if self.basename == "final" and nth(2):
+        write_chunk = HiddenStoreWriter.write_chunk
+        def patched(self, name, chunk, data):
+            if name == "final" and nth(2):
                 pause()
-            return setitem(self, key, value)
-        zarr.Array.__setitem__ = patched
+            return write_chunk(self, name, chunk, data)
+        HiddenStoreWriter.write_chunk = patched
     elif point == "finalize":  # every chunk and the attrs are written, the rename not yet done
         finish = HiddenStoreWriter.finish
         def patched(self, *a, **k):

@@ -24,17 +24,17 @@ QUEUE_BATCHES = 2  # batches waiting for the writer: enough to hide jitter, boun
 
 
 class ChunkPool:
-    """Encode and write whole chunks on a thread pool; chunks are disjoint, so zarr allows it.
+    """Encode and write whole chunks on a thread pool; chunks are disjoint files, so this is safe.
 
-    Swaps the store writer's arrays for proxies whose slice assignment is queued; a semaphore bounds
-    the chunks in flight so memory stays flat when the codec is the bottleneck.
+    Becomes the store writer's `submit`; a semaphore bounds the chunks in flight so memory stays flat
+    when the codec or the disk is the bottleneck.
     """
 
     def __init__(self, store: HiddenStoreWriter, threads: int):
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="eyas-chunk")
         self._slots = threading.BoundedSemaphore(2 * threads)
         self._futures: list[Future] = []
-        store.arrays = {name: _QueuedArray(array, self) for name, array in store.arrays.items()}
+        store.submit = self.submit
 
     def submit(self, fn: Callable, *args) -> None:
         self._slots.acquire()
@@ -55,14 +55,6 @@ class ChunkPool:
 
     def abort(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-class _QueuedArray:
-    def __init__(self, array, chunks: ChunkPool):
-        self._array, self._chunks = array, chunks
-
-    def __setitem__(self, key, value) -> None:
-        self._chunks.submit(self._array.__setitem__, key, value)
 
 
 class BatchWriter:
