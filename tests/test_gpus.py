@@ -22,7 +22,9 @@ from eyas.gpus import claim_gpus
 out, n, timeout = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 try:
     claim_gpus(n, timeout=timeout, poll=0.05)
-    (out / f"{os.getpid()}.claimed").write_text(os.environ["CUDA_VISIBLE_DEVICES"])
+    tmp = out / f"{os.getpid()}.tmp"
+    tmp.write_text(os.environ["CUDA_VISIBLE_DEVICES"])
+    tmp.rename(out / f"{os.getpid()}.claimed")  # whole or absent: the test reads it as soon as it exists
 except TimeoutError:
     (out / f"{os.getpid()}.timeout").write_text("")
     sys.exit(0)
