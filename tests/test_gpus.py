@@ -33,10 +33,25 @@ while not (out / "release").exists():
 """
 
 
+_STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_claimants():
+    yield
+    while _STARTED:  # a failed test must not leave claimants waiting for their release file
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def start(tmp_path: Path, n: int, devices: str, timeout: float = 30.0) -> subprocess.Popen:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices, "EYAS_GPU_LOCK_DIR": str(tmp_path / "locks")}
     env.pop("SLURM_JOB_ID", None)
-    return subprocess.Popen([sys.executable, "-c", CLAIMANT, str(tmp_path), str(n), str(timeout)], env=env)
+    proc = subprocess.Popen([sys.executable, "-c", CLAIMANT, str(tmp_path), str(n), str(timeout)], env=env)
+    _STARTED.append(proc)
+    return proc
 
 
 def wait_for(path: Path, seconds: float = 30.0) -> str:
