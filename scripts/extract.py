@@ -4,11 +4,13 @@ import json
 from pathlib import Path
 
 from eyas.extract.hf_backend import extract_shard
+from eyas.gpus import claim_gpus
 from eyas.logs import setup_stage_logging
 from eyas.target import default_aux_layer_ids, read_config, resolve_device
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "extract")
+claim_gpus(sm.resources.get("gpu", 0), log=log)  # a device of its own before CUDA starts
 settings = sm.params.settings
 layer_ids = sm.params.layer_ids or default_aux_layer_ids(read_config(sm.input.model)["num_hidden_layers"])
 shard = Path(sm.input.tokens) / f"shard-{sm.wildcards.shard}.zarr"

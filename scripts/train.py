@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 from eyas.config import TrainSettings
+from eyas.gpus import claim_gpus
 from eyas.logs import setup_stage_logging
 from eyas.provenance import model_hash
 from eyas.store import read_token_shard
@@ -11,6 +12,7 @@ from eyas.train.cli import train_job
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "train")
+claim_gpus(sm.resources.get("gpu", 0), log=log)  # devices of its own before CUDA starts
 settings = TrainSettings(
     **{**sm.params.settings, "threads": max(1, sm.threads // sm.params.settings["nproc"])}
 )
