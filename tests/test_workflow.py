@@ -32,6 +32,8 @@ ALL_RULES = {
     "extract",
     "train",
     "evaluate",
+    "fetch_humaneval",
+    "report_figures",
     "export_sglang",
     "all",
 }
@@ -83,6 +85,10 @@ def test_full_run_then_nothing_to_do(workdir):
     assert headline["greedy_equal"] is True and headline["greedy_mismatches"] == 0
     assert headline["tau"] >= 1.0 and headline["tau_untrained"] >= 1.0
     assert (results / "eval" / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(headline["tau_by_set"]) == {"heldout", "humaneval"}
+    assert all(t >= 1.0 for taus in headline["tau_by_set"].values() for t in taus.values())
+    for name in ("tau.png", "loss.png", "throughput.png", "tau_table.tsv", "throughput.tsv"):
+        assert (results / "eval" / name).stat().st_size > 0, name
 
     stats = json.loads((results / "prepared" / "stats.json").read_text())
     assert stats["read"] == stats["kept"] + stats["rejected"] + stats["over_cap"]
@@ -103,7 +109,7 @@ def test_forcerun_one_shard_reruns_exactly_it_and_its_dependants(workdir):
     results = workdir / "results"
     target = "results/hidden/train/shard-00001.zarr"
     plan = planned_jobs(snakemake(workdir, "-n", "--forcerun", target))
-    assert plan == {"extract": 1, "train": 1, "evaluate": 1, "export_sglang": 1, "all": 1}
+    assert plan == {"extract": 1, "train": 1, "evaluate": 1, "report_figures": 1, "export_sglang": 1, "all": 1}
 
     other = results / "hidden" / "train" / "shard-00000.zarr"
     other_mtime = other.stat().st_mtime_ns
