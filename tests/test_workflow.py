@@ -109,7 +109,14 @@ def test_forcerun_one_shard_reruns_exactly_it_and_its_dependants(workdir):
     results = workdir / "results"
     target = "results/hidden/train/shard-00001.zarr"
     plan = planned_jobs(snakemake(workdir, "-n", "--forcerun", target))
-    assert plan == {"extract": 1, "train": 1, "evaluate": 1, "report_figures": 1, "export_sglang": 1, "all": 1}
+    assert plan == {
+        "extract": 1,
+        "train": 1,
+        "evaluate": 1,
+        "report_figures": 1,
+        "export_sglang": 1,
+        "all": 1,
+    }
 
     other = results / "hidden" / "train" / "shard-00000.zarr"
     other_mtime = other.stat().st_mtime_ns
@@ -119,3 +126,23 @@ def test_forcerun_one_shard_reruns_exactly_it_and_its_dependants(workdir):
     # extraction is deterministic for the same backend and device: the rerun store is bitwise equal
     np.testing.assert_array_equal(store_rows(results / target.removeprefix("results/")), before)
     assert planned_jobs(snakemake(workdir, "-n")) == {}
+
+
+def test_report_renders_headless(workdir, tmp_path):
+    """`snakemake --report` after the full run: every item is in the HTML and chromium renders it."""
+    from eyas.evaluate.render import find_chromium, screenshot
+
+    html = workdir / "results" / "report.html"
+    snakemake(workdir, "--report", str(html))
+    text = html.read_text(errors="replace")
+    for item in ("summary.json", "acceptance.png", "tau.png", "tau_table.tsv", "loss.png", "throughput.png"):
+        assert item in text, item
+    browser, why = find_chromium(install=True)
+    if browser is None:
+        pytest.skip(f"report built, but it cannot be rendered: {why}")
+    png = screenshot(browser, html, tmp_path / "report.png")
+    import matplotlib.image
+
+    image = matplotlib.image.imread(png)
+    assert image.shape[:2] == (1000, 1400)
+    assert float(image[..., :3].std()) > 0.05  # the page drew something, not a blank canvas
