@@ -65,7 +65,13 @@ def use_gpu(device):
     return 1 if device == "cuda" else 0
 
 
-# --------------------------------------------------------------------------- evaluation inputs
+# --------------------------------------------------------------------------- regenerate / evaluation inputs
+def conversations_of(wildcards):
+    """Tokenize's input: the prepared split, or its regenerated copy when regenerate.enabled."""
+    stage = "regenerated" if EYAS.regenerate.enabled else "prepared"
+    return f"results/{stage}/{wildcards.split}.jsonl"
+
+
 def eval_set_paths():
     """Each configured evaluation set's prompt file, in config order."""
     files = {"heldout": "results/prepared/eval.jsonl", "humaneval": "results/assets/eval/humaneval.jsonl"}

@@ -157,6 +157,22 @@ class EvaluateSettings:
 
 
 @dataclass
+class RegenerateSettings:
+    enabled: bool = False
+    """Replace each conversation's last assistant turn by the target's own response before tokenize."""
+    max_new_tokens: int = 256
+    """Longest regenerated response (tokens); a longer one is cut."""
+    batch_size: int = 8
+    """Conversations generated together (left-padded, KV-cached)."""
+    temperature: float = 0.0
+    """0 = greedy responses; > 0 = sampled."""
+    seed: int = 0
+    """Seed of sampling."""
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    """Device of the target during regeneration."""
+
+
+@dataclass
 class Config:
     model: ModelSettings = field(default_factory=ModelSettings)
     data: DataSettings = field(default_factory=DataSettings)
@@ -165,6 +181,7 @@ class Config:
     extract: ExtractSettings = field(default_factory=ExtractSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
     evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
+    regenerate: RegenerateSettings = field(default_factory=RegenerateSettings)
 
     def __post_init__(self):
         if self.train.draft_vocab_size != TrainSettings.draft_vocab_size and (
