@@ -35,8 +35,6 @@ def _load_baseline(name: str, path: str, expected: dict) -> Eagle3Drafter:
     """A configured drafter dir; it must come from the same target and tokenizer as the trained one."""
     meta = json.loads((Path(path) / "config.json").read_text())
     for key, want in expected.items():
-        if key in ("model_id",):
-            continue
         if meta.get(key) != want:
             raise ValueError(
                 f"evaluate.baselines {name!r} ({path}/config.json): provenance field {key!r} is "
