@@ -188,3 +188,18 @@ def test_temperature_zero_stays_greedy(small_vocab):
     assert got == want
     with pytest.raises(ValueError, match="temperature"):
         speculative_generate(target, drafter, PROMPT, 10, 3, set(), AUX, -1.0)
+
+
+def test_evaluate_specdec_at_temperature(tiny_model_dir):
+    from eyas.evaluate.specdec import evaluate_specdec
+
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(DrafterConfig.from_target_config(read_config(tiny_model_dir), 4096, AUX)).eval()
+    kwargs = dict(max_new_tokens=8, num_draft_tokens=3, eos_token_ids={2}, aux_layer_ids=AUX, temperature=0.8)
+    report = evaluate_specdec(tiny_model_dir, drafter, [[1, 42, 977], [5, 6, 7]], **kwargs, seed=3)
+    assert report["temperature"] == 0.8 and report["tau"] >= 1.0 and report["speedup"] > 0
+    assert report["greedy_equal"]["checked"] is False and report["greedy_equal"]["mismatch_count"] is None
+    again = evaluate_specdec(tiny_model_dir, drafter, [[1, 42, 977], [5, 6, 7]], **kwargs, seed=3)
+    assert [r["accepted_per_pass"] for r in again["per_prompt"]] == [
+        r["accepted_per_pass"] for r in report["per_prompt"]
+    ]  # seeded: reproducible
