@@ -61,6 +61,16 @@ def hidden_stores(split):
     return [f"results/hidden/{split}/shard-{i:05d}.zarr" for i in range(num_shards(split))]
 
 
+def all_cores():
+    """`--cores` for rules that use every core; 1 where none is given (`snakemake --report`)."""
+    from snakemake.exceptions import WorkflowError
+
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return 1
+
+
 def use_gpu(device):
     return 1 if device == "cuda" else 0
 

@@ -38,7 +38,7 @@ rule evaluate:
         "results/benchmarks/evaluate.tsv"
     conda:
         "../envs/eyas.yaml"
-    threads: workflow.cores
+    threads: all_cores()
     resources:
         gpu=use_gpu(EYAS.evaluate.device),
         mem_mb=8000,

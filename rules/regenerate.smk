@@ -14,7 +14,7 @@ rule regenerate:
         "results/benchmarks/regenerate/{split}.tsv"
     conda:
         "../envs/eyas.yaml"
-    threads: workflow.cores
+    threads: all_cores()
     resources:
         gpu=use_gpu(EYAS.regenerate.device),
         mem_mb=8000,  # the target + a batch's KV cache (batch_size x (prompt + max_new_tokens))

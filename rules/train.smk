@@ -16,7 +16,7 @@ rule train:
         "results/benchmarks/train.tsv"
     conda:
         "../envs/eyas.yaml"
-    threads: workflow.cores
+    threads: all_cores()
     resources:
         gpu=use_gpu(EYAS.train.device),
         mem_mb=8000,  # drafter + optimizer (~0.2 GB at H=576) + target embedding/head + batches

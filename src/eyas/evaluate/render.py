@@ -11,8 +11,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from eyas.atomic import atomic_path
-
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
@@ -42,19 +40,26 @@ def screenshot(
     html = Path(html).resolve()
     if not html.exists():
         raise FileNotFoundError(f"{html}: no such report")
-    with atomic_path(out_png) as tmp:
-        cmd = [
-            browser,
-            "--headless",
-            "--no-sandbox",  # root inside a container: the sandbox needs user namespaces
-            "--disable-gpu",
-            "--hide-scrollbars",
-            f"--window-size={size[0]},{size[1]}",
-            "--virtual-time-budget=10000",  # the report is a JS app: let it render before the shot
-            f"--screenshot={tmp}",
-            html.as_uri(),
-        ]
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    # chromium picks the image type from the suffix: the temporary name must end in .png
+    tmp = out_png.with_name(f".{out_png.stem}.{os.getpid()}.partial.png")
+    cmd = [
+        browser,
+        "--headless",
+        "--no-sandbox",  # root inside a container: the sandbox needs user namespaces
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--window-size={size[0]},{size[1]}",
+        "--virtual-time-budget=10000",  # the report is a JS app: let it render before the shot
+        f"--screenshot={tmp}",
+        html.as_uri(),
+    ]
+    try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
         if result.returncode != 0 or not tmp.exists():
             raise RuntimeError(f"{browser} could not render {html}: {result.stderr.strip()[-1000:]}")
-    return Path(out_png)
+        os.replace(tmp, out_png)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out_png
