@@ -10,9 +10,13 @@ min_version("9.0")
 configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/assets.smk"
 include: "rules/data.smk"
+include: "rules/regenerate.smk"
 include: "rules/extract.smk"
 include: "rules/validate.smk"
 include: "rules/train.smk"

@@ -18,7 +18,7 @@ STAGE_VERSION = {
     "vocab": 1,
     "extract": 2,
     "train": 2,
-    "evaluate": 1,
+    "evaluate": 2,
     "export": 1,
     "validate": 1,
 }
@@ -66,14 +66,49 @@ def manifests(split):
     return [f"results/hidden/{split}/shard-{i:05d}.manifest.json" for i in range(num_shards(split))]
 
 
+def all_cores():
+    """`--cores` for rules that use every core; 1 where none is given (`snakemake --report`)."""
+    from snakemake.exceptions import WorkflowError
+
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return 1
+
+
 def use_gpu(device):
     return 1 if device == "cuda" else 0
+
+
+# --------------------------------------------------------------------------- regenerate / evaluation inputs
+def conversations_of(wildcards):
+    """Tokenize's input: the prepared split, or its regenerated copy when regenerate.enabled."""
+    stage = "regenerated" if EYAS.regenerate.enabled else "prepared"
+    return f"results/{stage}/{wildcards.split}.jsonl"
+
+
+def eval_set_paths():
+    """Each configured evaluation set's prompt file, in config order."""
+    files = {"heldout": "results/prepared/eval.jsonl", "humaneval": "results/assets/eval/humaneval.jsonl"}
+    return [files[name] for name in EYAS.evaluate.sets]
+
+
+def benchmark_files():
+    """The `benchmark:` files of the stages, for the throughput table."""
+    files = ["results/benchmarks/prepare.tsv", "results/benchmarks/train.tsv", "results/benchmarks/evaluate.tsv"]
+    if EYAS.model.source == DEFAULT_MODEL_SOURCE:
+        files.append("results/benchmarks/fetch_model.tsv")
+    for split in SPLITS:
+        files.append(f"results/benchmarks/tokenize/{split}.tsv")
+        files += [f"results/benchmarks/extract/{split}-{i:05d}.tsv" for i in range(num_shards(split))]
+    return files
 
 
 def get_final_output():
     return [
         "results/eval/summary.json",
         "results/eval/acceptance.png",
+        "results/eval/tau.png",
         "results/export/sglang",
         *manifests("eval"),  # train manifests are train's inputs; eval stores are validated too
         "results/export/speculators",
@@ -83,6 +118,7 @@ def get_final_output():
 def print_report_location():
     print("\neyas: done.")
     print("  summary:  results/eval/summary.json  (tau, speedup, acceptance by position)")
-    print("  plot:     results/eval/acceptance.png")
+    print("  plot:     results/eval/acceptance.png  |  tau per set: results/eval/tau.png")
+    print("  report:   snakemake --report results/report.html  (tables and plots in one page)")
     print("  drafter:  results/train/drafter  |  SGLang export: results/export/sglang")
     print("  vLLM speculators export: results/export/speculators")

@@ -28,7 +28,7 @@ rule prepare:
 
 rule tokenize:
     input:
-        conversations="results/prepared/{split}.jsonl",
+        conversations=conversations_of,
         model=model_dir(),
     output:
         shards=directory("results/tokens/{split}"),

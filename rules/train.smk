@@ -20,7 +20,7 @@ rule train:
         "results/benchmarks/train.tsv"
     conda:
         "../envs/eyas.yaml"
-    threads: workflow.cores
+    threads: all_cores()
     resources:
         gpu=use_gpu(EYAS.train.device) * EYAS.train.nproc,  # one GPU per torchrun process
         mem_mb=8000,  # drafter + optimizer (~0.2 GB at H=576) + target embedding/head + batches

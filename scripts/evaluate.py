@@ -1,4 +1,4 @@
-"""Offline metrics and real speculative decoding of the trained drafter on held-out data."""
+"""Offline metrics and real speculative decoding of the trained drafter and baselines on each eval set."""
 
 import json
 from pathlib import Path
@@ -10,7 +10,7 @@ sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "evaluate")
 summary = run_evaluation(
     drafter_dir=sm.input.drafter,
-    conversations=sm.input.conversations,
+    set_paths=dict(zip(sm.params.set_names, sm.input.sets, strict=True)),
     token_shards=sorted(str(p) for p in Path(sm.input.tokens).glob("shard-*.zarr")),
     hidden_stores=list(sm.input.stores),
     model_dir=sm.input.model,
@@ -18,7 +18,10 @@ summary = run_evaluation(
     out_plot=sm.output.plot,
     settings=sm.params.settings,
     ttt_steps=sm.params.ttt_steps,
+    baselines=[
+        {"name": n, "path": p} for n, p in zip(sm.params.baseline_names, sm.input.baselines, strict=True)
+    ],
     threads=sm.threads,
     trust_remote_code=sm.params.trust_remote_code,
 )
-log.info("evaluate: tau=%s", json.dumps(summary.get("specdec", {}).get("tau")))
+log.info("evaluate: tau by set %s", json.dumps(summary["headline"]["tau_by_set"]))

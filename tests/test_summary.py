@@ -28,6 +28,16 @@ OFFLINE = {
 }
 
 
+def inputs(trained: dict, untrained: dict, humaneval: dict | None = None) -> dict:
+    specdec = {"heldout": {"trained": trained, "untrained": untrained}}
+    if humaneval:
+        specdec["humaneval"] = humaneval
+    return {
+        "offline": {"trained": OFFLINE, "untrained": {**OFFLINE, "simulated_tau": 1.1}},
+        "specdec": specdec,
+    }
+
+
 @pytest.fixture(scope="module")
 def reports(tiny_model_dir):
     torch.set_num_threads(1)
@@ -53,9 +63,7 @@ def test_writes_json_and_png(tmp_path, reports):
     trained, untrained = reports
     out_json, out_plot = tmp_path / "eval" / "summary.json", tmp_path / "eval" / "acceptance.png"
     meta = {"model_id": "tiny", "drafter": "results/train/drafter"}
-    summary = write_summary(
-        out_json, out_plot, offline=OFFLINE, specdec=trained, specdec_untrained=untrained, meta=meta
-    )
+    summary = write_summary(out_json, out_plot, **inputs(trained, untrained), meta=meta)
     on_disk = json.loads(out_json.read_text())
     assert on_disk == summary
     assert on_disk["format"] == SUMMARY_FORMAT and on_disk["meta"] == meta
@@ -67,6 +75,12 @@ def test_writes_json_and_png(tmp_path, reports):
     assert len(on_disk["specdec_untrained"]["acceptance_by_position"]) == 2
     assert "per_prompt" not in on_disk["specdec"]
     assert on_disk["offline"]["accuracy"] == [0.6, 0.5, None]
+    rows = {(r["set"], r["drafter"]): r for r in on_disk["table"]}
+    assert (
+        rows["heldout", "untrained"]["simulated_tau"] == 1.1
+        and rows["heldout", "trained"]["tau"] == head["tau"]
+    )
+    assert head["tau_by_set"] == {"heldout": {"trained": trained["tau"], "untrained": untrained["tau"]}}
     assert sorted(p.name for p in out_json.parent.iterdir()) == ["acceptance.png", "summary.json"]
 
     data = out_plot.read_bytes()
@@ -84,9 +98,7 @@ def test_mismatches_and_nan_are_reported(tmp_path, reports):
     summary = write_summary(
         tmp_path / "s.json",
         tmp_path / "a.png",
-        offline=OFFLINE,
-        specdec=trained,
-        specdec_untrained=reports[1],
+        **inputs(trained, reports[1]),
         meta={},
     )
     assert summary["headline"]["greedy_equal"] is False and summary["headline"]["greedy_mismatches"] == 1
@@ -97,22 +109,39 @@ def test_mismatches_and_nan_are_reported(tmp_path, reports):
 def test_bad_inputs_name_the_field(tmp_path, reports):
     trained, untrained = reports
     incomplete = {k: v for k, v in trained.items() if k != "speedup"}
-    with pytest.raises(ValueError, match="specdec lacks field.*speedup"):
+    with pytest.raises(ValueError, match=r"specdec\[heldout\]\[trained\] lacks field.*speedup"):
         write_summary(
             tmp_path / "s.json",
             tmp_path / "a.png",
-            offline=OFFLINE,
-            specdec=incomplete,
-            specdec_untrained=untrained,
+            **inputs(incomplete, untrained),
             meta={},
         )
-    with pytest.raises(ValueError, match="baseline must match"):
+    with pytest.raises(ValueError, match="drafts per pass differ.*baselines must match"):
         write_summary(
             tmp_path / "s.json",
             tmp_path / "a.png",
-            offline=OFFLINE,
-            specdec=trained,
-            specdec_untrained={**untrained, "num_draft_tokens": 5},
+            **inputs(trained, {**untrained, "num_draft_tokens": 5}),
             meta={},
         )
     assert not list(tmp_path.iterdir())  # nothing written on a refusal
+
+
+def test_several_sets_and_baselines(tmp_path, reports):
+    trained, untrained = reports
+    other = {"trained": untrained, "untrained": trained, "fp8_store": trained}
+    summary = write_summary(
+        tmp_path / "s.json", tmp_path / "a.png", **inputs(trained, untrained, other), meta={}
+    )
+    assert summary["headline"]["set"] == "heldout" and summary["headline"]["tau"] == trained["tau"]
+    assert summary["headline"]["tau_by_set"]["humaneval"]["fp8_store"] == trained["tau"]
+    assert len(summary["table"]) == 5
+    assert [r["simulated_tau"] for r in summary["table"] if r["drafter"] == "fp8_store"] == [
+        None
+    ]  # no offline run
+    with pytest.raises(ValueError, match="humaneval.*lacks the untrained"):
+        write_summary(
+            tmp_path / "s.json",
+            tmp_path / "a.png",
+            **inputs(trained, untrained, {"trained": trained}),
+            meta={},
+        )

@@ -32,6 +32,8 @@ ALL_RULES = {
     "extract",
     "train",
     "evaluate",
+    "fetch_humaneval",
+    "report_figures",
     "export_sglang",
     "validate",
     "export_speculators",
@@ -87,6 +89,10 @@ def test_full_run_then_nothing_to_do(workdir):
     assert headline["greedy_equal"] is True and headline["greedy_mismatches"] == 0
     assert headline["tau"] >= 1.0 and headline["tau_untrained"] >= 1.0
     assert (results / "eval" / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(headline["tau_by_set"]) == {"heldout", "humaneval"}
+    assert all(t >= 1.0 for taus in headline["tau_by_set"].values() for t in taus.values())
+    for name in ("tau.png", "loss.png", "throughput.png", "tau_table.tsv", "throughput.tsv"):
+        assert (results / "eval" / name).stat().st_size > 0, name
 
     stats = json.loads((results / "prepared" / "stats.json").read_text())
     assert stats["read"] == stats["kept"] + stats["rejected"] + stats["over_cap"]
@@ -118,6 +124,7 @@ def test_forcerun_one_shard_reruns_exactly_it_and_its_dependants(workdir):
         "validate": 1,
         "train": 1,
         "evaluate": 1,
+        "report_figures": 1,
         "export_sglang": 1,
         "export_speculators": 1,
         "all": 1,
@@ -131,3 +138,23 @@ def test_forcerun_one_shard_reruns_exactly_it_and_its_dependants(workdir):
     # extraction is deterministic for the same backend and device: the rerun store is bitwise equal
     np.testing.assert_array_equal(store_rows(results / target.removeprefix("results/")), before)
     assert planned_jobs(snakemake(workdir, "-n")) == {}
+
+
+def test_report_renders_headless(workdir, tmp_path):
+    """`snakemake --report` after the full run: every item is in the HTML and chromium renders it."""
+    from eyas.evaluate.render import find_chromium, screenshot
+
+    html = workdir / "results" / "report.html"
+    snakemake(workdir, "--report", str(html))
+    text = html.read_text(errors="replace")
+    for item in ("summary.json", "acceptance.png", "tau.png", "tau_table.tsv", "loss.png", "throughput.png"):
+        assert item in text, item
+    browser, why = find_chromium(install=True)
+    if browser is None:
+        pytest.skip(f"report built, but it cannot be rendered: {why}")
+    png = screenshot(browser, html, tmp_path / "report.png")
+    import matplotlib.image
+
+    image = matplotlib.image.imread(png)
+    assert image.shape[:2] == (1000, 1400)
+    assert float(image[..., :3].std()) > 0.05  # the page drew something, not a blank canvas

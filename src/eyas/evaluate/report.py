@@ -1,0 +1,173 @@
+"""Figures and tables of the Snakemake report: tau per set and drafter, loss curve, stage throughput.
+
+Pure readers (`tau_table`, `read_loss_log`, `read_benchmarks`) turn results into rows; the writers
+render them as TSV and PNG (matplotlib object API on an Agg canvas), each atomically.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections import defaultdict
+from pathlib import Path
+
+from eyas.atomic import atomic_file, atomic_path
+
+BENCHMARK_COLUMNS = ("s", "max_rss", "cpu_time")  # wall seconds, peak RSS (MB), CPU seconds
+
+
+def _fmt(value) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def write_tsv(rows: list[dict], out: str | os.PathLike) -> None:
+    if not rows:
+        raise ValueError(f"{out}: no rows to write")
+    with atomic_file(out) as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]), delimiter="\t", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: _fmt(v) for k, v in row.items()} for row in rows)
+
+
+def _save(fig, out: str | os.PathLike) -> None:
+    fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png")
+
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+# --------------------------------------------------------------------------- tau
+def tau_table(summary: dict) -> list[dict]:
+    """One row per (set, drafter): real tau, simulated tau (offline, held-out stores), speed."""
+    rows = []
+    for row in summary["table"]:
+        acc = row["acceptance_by_position"]
+        rows.append(
+            {
+                "set": row["set"],
+                "drafter": row["drafter"],
+                "tau": row["tau"],
+                "simulated_tau": row["simulated_tau"],
+                "speedup": row["speedup"],
+                "spec_tokens_per_s": row["spec_tokens_per_s"],
+                **{f"accept_pos{i + 1}": a for i, a in enumerate(acc)},
+            }
+        )
+    return rows
+
+
+def plot_tau(summary: dict, out: str | os.PathLike) -> None:
+    """PNG: real tau per set and drafter (bars) | simulated vs real tau per drafter (primary set)."""
+    fig = _figure(10, 4)
+    left, right = fig.subplots(1, 2)
+    sets = list(summary["sets"])
+    drafters = list(dict.fromkeys(d for s in sets for d in summary["sets"][s]))
+    width = 0.8 / len(drafters)
+    for j, drafter in enumerate(drafters):
+        taus = [summary["sets"][s].get(drafter, {}).get("tau") for s in sets]
+        xs = [i + (j - (len(drafters) - 1) / 2) * width for i in range(len(sets))]
+        left.bar(xs, [math.nan if t is None else t for t in taus], width, label=drafter)
+    left.set_xticks(range(len(sets)), sets)
+    left.set(title="Real tau (tokens per target verify pass)", ylabel="tau")
+    left.legend()
+    primary = summary["headline"]["set"]
+    for row in summary["table"]:
+        if row["set"] == primary and row["tau"] is not None and row["simulated_tau"] is not None:
+            right.plot(row["simulated_tau"], row["tau"], "o")
+            right.annotate(row["drafter"], (row["simulated_tau"], row["tau"]), textcoords="offset points",
+                           xytext=(4, 4))  # fmt: skip
+    k = summary["specdec"]["num_draft_tokens"]
+    right.plot([1, k + 1], [1, k + 1], ":", color="grey", label="real = simulated")
+    right.set(title=f"Simulated vs real tau ({primary})", xlabel="simulated tau (offline)", ylabel="real tau")
+    right.legend()
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    _save(fig, out)
+
+
+# --------------------------------------------------------------------------- loss curve
+def read_loss_log(path: str | os.PathLike) -> dict[str, list[float]]:
+    """Columns of the trainer's log.csv (step, loss, acc_k, ...) as float lists."""
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise ValueError(f"{path}: no training steps logged")
+    columns = {}
+    for name in rows[0]:
+        try:
+            columns[name] = [float(r[name]) for r in rows]
+        except ValueError as err:
+            raise ValueError(f"{path}: column {name!r} is not numeric: {err}") from err
+    for needed in ("step", "loss"):
+        if needed not in columns:
+            raise ValueError(f"{path}: no {needed!r} column")
+    return columns
+
+
+def plot_loss(log: dict[str, list[float]], out: str | os.PathLike) -> None:
+    """PNG: training loss | training accuracy per TTT step, against optimizer step."""
+    fig = _figure(10, 4)
+    left, right = fig.subplots(1, 2)
+    left.plot(log["step"], log["loss"], "-")
+    left.set(title="Training loss (weighted TTT soft-CE)", xlabel="step", ylabel="loss")
+    for name in sorted(n for n in log if n.startswith("acc_")):
+        right.plot(log["step"], log[name], "-", label=f"step {int(name[4:]) + 1}")
+    right.set(title="Training accuracy by TTT step", xlabel="step", ylabel="accuracy", ylim=(0, 1.02))
+    right.legend(fontsize="small")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    _save(fig, out)
+
+
+# --------------------------------------------------------------------------- stage throughput
+def read_benchmarks(root: str | os.PathLike, paths: list[str]) -> list[dict]:
+    """Snakemake benchmark TSVs -> one row per stage (the path's first part below `root`): jobs,
+    summed wall and CPU seconds, peak RSS."""
+    stages: dict[str, dict] = defaultdict(lambda: {"jobs": 0, "wall_s": 0.0, "cpu_s": 0.0, "max_rss_mb": 0.0})
+    for path in paths:
+        rel = Path(path).relative_to(root)
+        stage = rel.parts[0].removesuffix(".tsv")
+        with open(path, newline="") as fh:
+            rows = list(csv.DictReader(fh, delimiter="\t"))
+        if not rows:
+            raise ValueError(f"{path}: empty benchmark file")
+        for line, row in enumerate(rows, 2):
+            missing = [c for c in BENCHMARK_COLUMNS if c not in row]
+            if missing:
+                raise ValueError(f"{path}:{line}: benchmark lacks column(s) {missing}")
+            agg = stages[stage]
+            agg["jobs"] += 1
+            agg["wall_s"] += float(row["s"])
+            agg["cpu_s"] += float(row["cpu_time"])
+            agg["max_rss_mb"] = max(agg["max_rss_mb"], float(row["max_rss"]))
+    return [{"stage": name, **agg} for name, agg in stages.items()]
+
+
+def plot_throughput(rows: list[dict], out: str | os.PathLike) -> None:
+    """PNG: wall and CPU seconds per stage | peak memory per stage."""
+    fig = _figure(10, 4)
+    left, right = fig.subplots(1, 2)
+    names = [r["stage"] for r in rows]
+    ys = range(len(rows))
+    left.barh([y - 0.2 for y in ys], [r["wall_s"] for r in rows], 0.4, label="wall s")
+    left.barh([y + 0.2 for y in ys], [r["cpu_s"] for r in rows], 0.4, label="CPU s")
+    left.set_yticks(list(ys), names)
+    left.set(title="Time per stage (all its jobs)", xlabel="seconds")
+    left.legend()
+    right.barh(list(ys), [r["max_rss_mb"] for r in rows], 0.6)
+    right.set_yticks(list(ys), names)
+    right.set(title="Peak memory per job", xlabel="max RSS (MB)")
+    for ax in (left, right):
+        ax.grid(alpha=0.3, axis="x")
+    _save(fig, out)

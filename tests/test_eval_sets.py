@@ -1,0 +1,61 @@
+"""Evaluation prompt sets: held-out dialogues and HumanEval problems under the chat template."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eyas.evaluate.sets import HUMANEVAL_INSTRUCTION, load_prompt_set, read_humaneval
+
+PROBLEM = {
+    "task_id": "HumanEval/0",
+    "prompt": 'def add(a, b):\n    """Return a + b."""\n',
+    "canonical_solution": "    return a + b\n",
+}
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_humaneval_prompt_is_one_user_turn(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "he.jsonl", [PROBLEM, {**PROBLEM, "task_id": "HumanEval/1"}])
+    got = load_prompt_set("humaneval", path, tokenizer, limit=5, max_length=1000)
+    assert len(got.prompts) == 2 and got.skipped_too_long == 0
+    text = tokenizer.decode(got.prompts[0])
+    assert HUMANEVAL_INSTRUCTION.format(prompt=PROBLEM["prompt"]) in text
+    assert "return a + b" not in text  # the reference solution is never part of the prompt
+    assert text.rstrip().endswith("assistant")  # ends with the generation prompt
+    short = load_prompt_set("humaneval", path, tokenizer, limit=5, max_length=10)
+    assert short.prompts == [] and short.skipped_too_long == 2
+    assert len(load_prompt_set("humaneval", path, tokenizer, limit=1, max_length=1000).prompts) == 1
+
+
+def test_heldout_prompts_from_prepared_conversations(tmp_path, tokenizer):
+    record = {
+        "id": "a",
+        "source": "x:1",
+        "messages": [
+            {"role": "user", "content": "Hi there"},
+            {"role": "assistant", "content": "Hello!"},
+        ],
+        "tools": None,
+    }
+    path = write_jsonl(tmp_path / "eval.jsonl", [record])
+    got = load_prompt_set("heldout", path, tokenizer, limit=4, max_length=1000)
+    assert len(got.prompts) == 1 and "Hello!" not in tokenizer.decode(got.prompts[0])
+    assert got.meta() == {"source": str(path), "prompts": 1, "skipped": 0}
+
+
+def test_bad_humaneval_names_line_and_field(tmp_path):
+    path = tmp_path / "he.jsonl"
+    path.write_text(json.dumps(PROBLEM) + "\n" + json.dumps({"task_id": "HumanEval/1"}) + "\n")
+    with pytest.raises(ValueError, match=r"he.jsonl:2: field 'prompt'"):
+        read_humaneval(path)
+    path.write_text("{not json\n")
+    with pytest.raises(ValueError, match=r"he.jsonl:1: not valid JSON"):
+        read_humaneval(path)
+    with pytest.raises(ValueError, match="unknown evaluation set"):
+        load_prompt_set("mmlu", path, None, 1, 1)

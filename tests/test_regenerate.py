@@ -1,0 +1,62 @@
+"""Regenerate: batched left-padded generation equals one-by-one greedy decoding; records and counts."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from eyas.data.regenerate import generate_batch, regenerate_split
+from eyas.evaluate.specdec import greedy_generate
+from eyas.target import load_target
+
+
+def conversation(i: int, turns: int = 1) -> dict:
+    messages = []
+    for t in range(turns):
+        messages += [
+            {"role": "user", "content": f"Question {i}.{t}: " + "why " * (i + 1)},
+            {"role": "assistant", "content": f"Original answer {i}.{t}"},
+        ]
+    return {"id": str(i), "source": f"x:{i}", "messages": messages, "tools": None}
+
+
+def test_batched_generation_equals_greedy(tiny_model_dir, tokenizer):
+    torch.set_num_threads(1)
+    model = load_target(tiny_model_dir)
+    prompts = [[1, 42, 977], [5, 6, 7, 8, 9, 10, 11], [300]]  # different lengths: real left padding
+    got = generate_batch(model, tokenizer, prompts, max_new_tokens=6, temperature=0.0)
+    eos = tokenizer.eos_token_id
+    for prompt, tokens in zip(prompts, got, strict=True):
+        want = greedy_generate(model, prompt, 6, {eos})
+        assert tokens == [t for t in want if t != eos], prompt
+
+
+def test_regenerate_split_replaces_last_assistant_turn(tmp_path, tiny_model_dir, tokenizer):
+    model = load_target(tiny_model_dir)
+    records = [conversation(0), conversation(1, turns=2), conversation(2)]
+    records.append({**conversation(3), "messages": [{"role": "user", "content": "no answer"}]})
+    records.append({**conversation(4), "messages": [{"role": "user", "content": "long " * 300}] +
+                    conversation(4)["messages"][1:]})  # fmt: skip
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "regen.jsonl"
+    stats = regenerate_split(
+        src, out, model, tokenizer, max_new_tokens=4, batch_size=2, max_prompt_length=200
+    )
+    assert (
+        stats["read"]
+        == 5
+        == stats["regenerated"] + stats["empty"] + stats["too_long"] + stats["no_assistant"]
+    )
+    assert (
+        stats["no_assistant"] == 1 and stats["too_long"] == 1 and stats["regenerated"] + stats["empty"] == 3
+    )
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in written] == ["0", "1", "2", "3", "4"]
+    two_turns = written[1]
+    assert two_turns["messages"][:3] == records[1]["messages"][:3]  # earlier turns kept
+    if two_turns["regenerated"]:
+        assert two_turns["messages"][3]["content"] != "Original answer 1.1"
+    assert written[3]["messages"] == records[3]["messages"] and not written[3]["regenerated"]
+    assert written[4]["messages"] == records[4]["messages"] and not written[4]["regenerated"]
