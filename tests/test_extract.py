@@ -14,6 +14,7 @@ from eyas.extract.hf_backend import extract_shard, resolve_dtype
 from eyas.provenance import FINAL_NORM, LAYER_ID_CONVENTION, chat_template_hash, sha256_array, tokenizer_hash
 from eyas.store import HiddenStore, ProvenanceError, check_provenance, write_token_shard
 from eyas.target import hf_hidden_index
+from eyas.validate import validate_store
 
 LAYER_IDS = [1, 0, 2]  # not sorted: the store must follow this order, not layer order
 PROMPTS = [
@@ -218,6 +219,8 @@ def test_fp8_storage_round_trip(tmp_path, token_shard, tiny_model_dir, reference
     store = HiddenStore(tmp_path / "fp8.zarr")
     assert store.attrs["storage"] == "fp8_e4m3" and store.attrs["dtype"] == "float8_e4m3fn"
     assert store.attrs["scale_rule"] == "per_token_per_tap_absmax"
+    manifest = validate_store(token_shard, tmp_path / "fp8.zarr")  # the validate rule accepts it
+    assert manifest["ok"] and set(manifest["arrays"]) == {"aux", "final", "scale"}
     # At H=64 the float32 scales are 4 bytes per 64-byte row (6%): real widths make them negligible.
     assert lossy["bytes_stored"] < 0.7 * exact["bytes_stored"]
     for s, (hidden_states, _) in enumerate(reference):

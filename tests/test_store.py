@@ -153,3 +153,18 @@ def test_direct_chunk_writes_equal_zarrs_own(tmp_path, storage):
         for f in files:
             if (tmp_path / "h.zarr" / f).is_file():
                 assert (tmp_path / "h.zarr" / f).read_bytes() == (tmp_path / "ref.zarr" / f).read_bytes()
+
+
+def test_split_is_readable_while_shards_are_missing(tmp_path):
+    """Only complete stores count: a killed job's temp dir is ignored, the missing shards are named."""
+    from eyas.store import list_hidden_stores
+
+    offsets = np.array([0, 3])
+    for shard in (0, 2):
+        with hidden_store_writer(tmp_path / f"shard-{shard:05d}.zarr", offsets, 4, 1, {}) as w:
+            w.write_sample(0, np.zeros((3, 4), np.uint16), np.zeros((3, 4), np.uint16))
+    (tmp_path / ".shard-00001.zarr.tmp-123").mkdir()  # what a killed extraction leaves
+    present, missing = list_hidden_stores(tmp_path, 4)
+    assert [p.name for p in present] == ["shard-00000.zarr", "shard-00002.zarr"]
+    assert missing == [1, 3]
+    assert all(HiddenStore(p).num_samples == 1 for p in present)

@@ -177,10 +177,15 @@ def validate_store(
         )
 
     arrays = {}
-    for name, array, width in (("aux", store.aux, num_taps * hidden), ("final", store.final, hidden)):
+    checked = [("aux", store.aux, num_taps * hidden), ("final", store.final, hidden)]
+    if store.scale is not None:  # fp8_e4m3: per-token scales of each tap and of the final state
+        checked.append(("scale", store.scale, num_taps + 1))
+    stored_dtype = {"bfloat16": "uint16", "float8_e4m3fn": "uint8"}.get(attrs.get("dtype"))
+    for name, array, width in checked:
         expect(f"{name}.shape", tuple(array.shape), (num_tokens, width), "tokens x width from attrs")
-        if attrs.get("dtype") == "bfloat16":
-            expect(f"{name}.dtype", str(array.dtype), "uint16", "bf16 is stored as uint16 bits")
+        if stored_dtype is not None:
+            want = "float32" if name == "scale" else stored_dtype
+            expect(f"{name}.dtype", str(array.dtype), want, f"{attrs.get('dtype')} is stored as {want}")
         if array.nchunks_initialized != array.nchunks:
             problems.append(
                 f"array {name!r}: {array.nchunks - array.nchunks_initialized} of {array.nchunks} chunks "
