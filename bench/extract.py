@@ -29,8 +29,13 @@ import numpy as np
 import torch
 
 from eyas.capture import TapCapture, base_decoder
-from eyas.extract.batching import plan_batches
-from eyas.extract.hf_backend import batch_input_ids, extraction_stats, peak_rss_bytes, run_extraction
+from eyas.extract.hf_backend import (
+    batch_input_ids,
+    extraction_stats,
+    peak_rss_bytes,
+    plan_shard,
+    run_extraction,
+)
 from eyas.store import HiddenStore, TokenShard, read_token_shard
 from eyas.target import default_aux_layer_ids, load_target
 
@@ -143,7 +148,8 @@ def run_variant(args) -> dict:
     config = model.config
     layer_ids = default_aux_layer_ids(config.num_hidden_layers)
     shard = build_shard(args, config.vocab_size)
-    plan = plan_batches(np.diff(shard.sample_offsets).tolist(), args.budget)
+    row_bytes = (len(layer_ids) + 1) * config.hidden_size * 2
+    plan = plan_shard(np.diff(shard.sample_offsets).tolist(), args.budget, row_bytes)
     run_prefill(model, shard, plan.batches[:1], args.device)  # kernels and allocator warmed up
     work = Path(args.workdir) / args.variant
     shutil.rmtree(work, ignore_errors=True)
@@ -166,6 +172,7 @@ def run_variant(args) -> dict:
         seconds = timing["seconds"]
         result |= extraction_stats(plan, store, shard.num_samples, taps, hidden, seconds)
         result["writer_wait_seconds"] = timing["writer_wait_seconds"]
+        result["peak_pending_chunks"] = timing["peak_pending_chunks"]
         if args.keep:
             keep = Path(args.workdir) / f"keep-{args.variant}.zarr"
             shutil.rmtree(keep, ignore_errors=True)

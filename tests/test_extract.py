@@ -161,6 +161,28 @@ def test_plan_batches_pads_conversation_like_lengths_under_five_percent():
             assert plan_batches(lengths, budget).padding_fraction < 0.05
 
 
+def test_windowed_plan_bounds_chunks_held_in_memory(tmp_path):
+    """A shard-wide length sort leaves most chunks waiting for a short sample until the end; planning
+    in windows of consecutive samples keeps the partly filled chunks to about one window."""
+    from eyas.store import hidden_store_writer
+
+    rng = random.Random(3)
+    lengths = [rng.randint(1, 300) for _ in range(400)]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    peaks = {}
+    for window in (None, 2048):
+        plan = plan_batches(lengths, 1024, window_tokens=window)
+        assert sorted(i for b in plan.batches for i in b) == list(range(len(lengths)))
+        with hidden_store_writer(tmp_path / f"w{window}.zarr", offsets, 2, 1, {}, chunk_tokens=64) as w:
+            for batch in plan.batches:
+                for i in batch:
+                    rows = np.zeros((lengths[i], 2), np.uint16)
+                    w.write_sample(i, rows, rows)
+            peaks[window] = w.peak_pending_chunks
+    assert peaks[2048] <= 2048 // 64 + 2
+    assert peaks[None] > 4 * peaks[2048]  # what the window prevents
+
+
 def test_validate_layer_ids_and_dtype():
     assert validate_layer_ids([1, 14, 26], 30) == [1, 14, 26]
     for bad in ([30], [-1], [1, 1], [], [1.5]):

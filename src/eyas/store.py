@@ -213,6 +213,7 @@ class HiddenStoreWriter:
             **({"scale_rule": SCALE_RULE} if storage == "fp8_e4m3" else {}),
         }
         self._pending: dict[int, dict[str, np.ndarray]] = {}
+        self.peak_pending_chunks = 0  # memory held in partly filled chunks, at its highest
         self._filled: dict[int, int] = {}
         self._written = np.zeros(len(self.offsets) - 1, dtype=bool)
 
@@ -252,6 +253,7 @@ class HiddenStoreWriter:
                     n: alloc((self.chunk_tokens, w), self.dtypes[n]) for n, w in self.widths.items()
                 }
                 self._filled[chunk] = 0
+                self.peak_pending_chunks = max(self.peak_pending_chunks, len(self._pending))
             buffers = self._pending[chunk]
             for name, rows in rows_of.items():
                 buffers[name][start - chunk_lo : stop - chunk_lo] = rows[start - lo : stop - lo]

@@ -6,6 +6,11 @@ minimise `padded tokens + batch_overhead_tokens * batches`: a greedy fill pads a
 shorter neighbour that still fits (12% padding for 100 conversation-like samples at a 32k budget),
 the optimum closes a batch early when the padding it would add costs more than another forward
 (under 2% there). Longest-first means an out-of-memory batch shows up at once, not at the end.
+
+With `window_tokens`, samples are planned window by window (consecutive samples in store order, at
+most that many tokens each): the store writer can only flush a chunk once every sample in it has
+arrived, so a shard-wide sort would keep most of the shard in memory as partly filled chunks;
+windows bound that to about one window.
 """
 
 from __future__ import annotations
@@ -36,24 +41,46 @@ class BatchPlan:
 
 
 def plan_batches(
-    lengths: Sequence[int], token_budget: int, batch_overhead_tokens: int = BATCH_OVERHEAD_TOKENS
+    lengths: Sequence[int],
+    token_budget: int,
+    batch_overhead_tokens: int = BATCH_OVERHEAD_TOKENS,
+    window_tokens: int | None = None,
 ) -> BatchPlan:
     """Batches with `len(batch) * max(lengths in batch) <= token_budget` and least padding + overhead.
 
     A sample longer than the budget goes alone in its batch. Every non-empty sample appears in exactly
-    one batch; ties in length keep index order, so the plan is deterministic.
+    one batch; ties in length keep index order, so the plan is deterministic. `window_tokens`: plan
+    consecutive windows of samples of at most that many tokens (a longer sample is a window alone).
     """
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    if window_tokens is not None and window_tokens < 1:
+        raise ValueError(f"window_tokens must be >= 1, got {window_tokens}")
     if any(n < 0 for n in lengths):
         raise ValueError("sample lengths must be >= 0")
-    order = [i for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)) if lengths[i] > 0]
-    empty = sorted(i for i in range(len(lengths)) if lengths[i] == 0)
-    sorted_lengths = np.array([lengths[i] for i in order], dtype=np.int64)
-    cuts = _optimal_cuts(sorted_lengths, token_budget, batch_overhead_tokens)
-    batches = [order[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
+    batches: list[list[int]] = []
+    for window in _windows(lengths, window_tokens):
+        order = sorted((i for i in window if lengths[i] > 0), key=lambda i: (-lengths[i], i))
+        sorted_lengths = np.array([lengths[i] for i in order], dtype=np.int64)
+        cuts = _optimal_cuts(sorted_lengths, token_budget, batch_overhead_tokens)
+        batches += [order[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
+    empty = [i for i in range(len(lengths)) if lengths[i] == 0]
     padded = sum(len(batch) * lengths[batch[0]] for batch in batches)
     return BatchPlan(batches=batches, empty=empty, real_tokens=int(sum(lengths)), padded_tokens=padded)
+
+
+def _windows(lengths: Sequence[int], window_tokens: int | None) -> list[range]:
+    """Consecutive index ranges of at most `window_tokens` tokens (all samples when None)."""
+    if window_tokens is None:
+        return [range(len(lengths))]
+    windows, start, total = [], 0, 0
+    for i, n in enumerate(lengths):
+        if total and total + n > window_tokens:
+            windows.append(range(start, i))
+            start, total = i, 0
+        total += n
+    windows.append(range(start, len(lengths)))
+    return windows
 
 
 def _optimal_cuts(widths: np.ndarray, budget: int, overhead: int) -> list[int]:

@@ -31,6 +31,7 @@ from eyas.quant import check_storage
 from eyas.store import CHUNK_TOKENS, ProvenanceError, TokenShard, hidden_store_writer, read_token_shard
 from eyas.target import load_target, read_config
 
+WINDOW_BYTES = 4 << 30  # raw states per planning window: bounds partly filled chunks held in memory
 COPIED_SHARD_ATTRS = ("tokenizer_hash", "chat_template_hash", "split", "shard")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -88,6 +89,12 @@ def batch_input_ids(
     return ids.to(device), lengths
 
 
+def plan_shard(lengths: list[int], token_budget: int, row_bytes: int) -> BatchPlan:
+    """The extraction plan: padding-aware batches, planned in windows of WINDOW_BYTES of raw states so
+    that the chunks waiting for their last sample never hold more than about a window."""
+    return plan_batches(lengths, token_budget, window_tokens=max(token_budget, WINDOW_BYTES // row_bytes))
+
+
 def stored_bytes(store: str | os.PathLike) -> int:
     """Bytes of the hidden-state arrays on disk (scales included, metadata not)."""
     store = Path(store)
@@ -126,7 +133,8 @@ def run_extraction(
 ) -> dict:
     """Run `model` over `plan` and write the store atomically.
 
-    Returns {"seconds": wall time, "writer_wait_seconds": time the model waited on the writer}.
+    Returns {"seconds": wall time, "writer_wait_seconds": time the model waited on the writer,
+    "peak_pending_chunks": most chunks held in memory at once, waiting for their last sample}.
     `model` is the loaded target (any device); it may be None only when the plan has no batches.
     """
     device = next(model.parameters()).device if model is not None else torch.device("cpu")
@@ -162,7 +170,11 @@ def run_extraction(
             bar.close()
             if capture is not None:
                 capture.remove()
-    return {"seconds": time.perf_counter() - start, "writer_wait_seconds": writer.wait_seconds}
+    return {
+        "seconds": time.perf_counter() - start,
+        "writer_wait_seconds": writer.wait_seconds,
+        "peak_pending_chunks": store.peak_pending_chunks,
+    }
 
 
 # --------------------------------------------------------------------------- the stage
@@ -203,7 +215,7 @@ def extract_shard(
 
     shard = read_token_shard(token_shard)
     _check_shard(shard, token_shard, int(config["vocab_size"]))
-    plan = plan_batches(np.diff(shard.sample_offsets).tolist(), token_budget)
+    plan = plan_shard(np.diff(shard.sample_offsets).tolist(), token_budget, (len(layer_ids) + 1) * hidden * 2)
     attrs = {  # provenance, docs/design.md; the store writer adds format, sizes, dtype and codec
         "model_id": model_id,
         "model_hash": model_hash(model_dir),
@@ -245,6 +257,7 @@ def extract_shard(
     return stats | {
         "load_seconds": load_seconds,
         "writer_wait_seconds": timing["writer_wait_seconds"],
+        "peak_pending_chunks": timing["peak_pending_chunks"],
         "storage": storage,
         "writer_threads": writer_threads,
     }
