@@ -97,6 +97,33 @@ def test_writer_rejects_wrong_shapes_and_double_writes(tmp_path):
     assert not (tmp_path / "h.zarr").exists()
 
 
+def test_write_rows_assembles_chunked_prefill_pieces(tmp_path):
+    # Pieces of one sample arrive over several forwards (SGLang chunked prefill), interleaved with
+    # other samples; the store equals one written whole, and out-of-order pieces are refused.
+    rng = np.random.default_rng(1)
+    offsets = np.array([0, 300, 301, 700])
+    aux = rng.integers(0, 0x7F00, (700, 12), dtype=np.uint16)  # finite bf16 bit patterns (no NaN)
+    final = rng.integers(0, 0x7F00, (700, 4), dtype=np.uint16)
+    with hidden_store_writer(tmp_path / "whole.zarr", offsets, 4, 3, {}, chunk_tokens=128) as w:
+        for i in range(3):
+            w.write_sample(i, aux[offsets[i] : offsets[i + 1]], final[offsets[i] : offsets[i + 1]])
+    pieces = [(2, 0, 150), (0, 0, 100), (2, 150, 398), (1, 0, 1), (0, 100, 300), (2, 398, 399)]
+    with hidden_store_writer(tmp_path / "pieces.zarr", offsets, 4, 3, {}, chunk_tokens=128) as w:
+        for index, lo, hi in pieces:
+            base = offsets[index]
+            done = w.write_rows(index, lo, aux[base + lo : base + hi], final[base + lo : base + hi])
+            assert done == (hi == offsets[index + 1] - base)
+        with pytest.raises(ValueError, match="is complete"):
+            w.write_rows(0, 300, aux[:0], final[:0])  # sample 0 is complete: nothing may follow
+    whole, pieced = HiddenStore(tmp_path / "whole.zarr"), HiddenStore(tmp_path / "pieces.zarr")
+    for i in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(whole.sample(i), pieced.sample(i), strict=True))
+    with pytest.raises(ValueError, match="contiguous"):
+        with hidden_store_writer(tmp_path / "gap.zarr", offsets, 4, 3, {}) as w:
+            w.write_rows(0, 10, aux[10:20], final[10:20])  # rows 0..9 never came
+    assert not (tmp_path / "gap.zarr").exists()
+
+
 def test_compression_is_lossless_on_real_shaped_values(tmp_path):
     # Hidden-state-like values: per-channel scales spanning orders of magnitude (outlier channels).
     rng = np.random.default_rng(0)

@@ -215,7 +215,8 @@ class HiddenStoreWriter:
         self._pending: dict[int, dict[str, np.ndarray]] = {}
         self.peak_pending_chunks = 0  # memory held in partly filled chunks, at its highest
         self._filled: dict[int, int] = {}
-        self._written = np.zeros(len(self.offsets) - 1, dtype=bool)
+        self._written = np.zeros(len(self.offsets) - 1, dtype=bool)  # complete samples
+        self._rows_written = np.zeros(len(self.offsets) - 1, dtype=np.int64)
 
     def _chunk_rows(self, chunk: int) -> int:
         return min(self.chunk_tokens, self.num_tokens - chunk * self.chunk_tokens)
@@ -225,27 +226,47 @@ class HiddenStoreWriter:
     ) -> None:
         """bf16: aux [T, K*H] and final [T, H] uint16 (bf16 bits).
         fp8_e4m3: the same shapes in uint8 (e4m3 bits) and scale [T, K+1] float32."""
-        lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])
-        if self._written[index]:
+        length = int(self.offsets[index + 1] - self.offsets[index])
+        if self._written[index] or self._rows_written[index]:
             raise ValueError(f"sample {index} written twice")
+        if len(aux) != length:
+            raise ValueError(f"sample {index}: {len(aux)} rows given, expected {length} (its tokens)")
+        self.write_rows(index, 0, aux, final, scale)
+
+    def write_rows(
+        self, index: int, start: int, aux: np.ndarray, final: np.ndarray, scale: np.ndarray | None = None
+    ) -> bool:
+        """Rows [start, start + n) of sample `index` (a chunked-prefill piece); the pieces of a sample
+        must arrive in order. Returns True once the sample is complete."""
+        lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])
+        done = int(self._rows_written[index])
+        n = len(aux)
+        if self._written[index]:
+            raise ValueError(f"sample {index} is complete; rows [{start}, {start + n}) came again")
+        if start != done or lo + start + n > hi:
+            raise ValueError(
+                f"sample {index}: rows [{start}, {start + n}) given after {done} of its {hi - lo} rows "
+                "(pieces must be contiguous, in order, within the sample)"
+            )
         rows_of = {"aux": aux, "final": final}
         if "scale" in self.widths:
             rows_of["scale"] = scale
         elif scale is not None:
             raise ValueError(f"sample {index}: a scale was given to a {self.storage} store")
         for name, rows in rows_of.items():
-            want = (hi - lo, self.widths[name])
+            want = (n, self.widths[name])
             if rows is None or rows.shape != want or rows.dtype != self.dtypes[name]:
                 got = None if rows is None else (rows.shape, rows.dtype)
                 raise ValueError(
                     f"sample {index}: {name} is {got}, expected {want} {np.dtype(self.dtypes[name])}"
                 )
-        self._written[index] = True
-        start = lo
-        while start < hi:
+        self._rows_written[index] = done + n
+        self._written[index] = lo + done + n == hi
+        start, stop_at = lo + done, lo + done + n
+        while start < stop_at:
             chunk = start // self.chunk_tokens
             chunk_lo = chunk * self.chunk_tokens
-            stop = min(hi, chunk_lo + self._chunk_rows(chunk))
+            stop = min(stop_at, chunk_lo + self._chunk_rows(chunk))
             if chunk not in self._pending:
                 # zarr v3 stores an edge chunk at full size, padded with the fill value (0).
                 alloc = np.empty if self._chunk_rows(chunk) == self.chunk_tokens else np.zeros
@@ -256,11 +277,12 @@ class HiddenStoreWriter:
                 self.peak_pending_chunks = max(self.peak_pending_chunks, len(self._pending))
             buffers = self._pending[chunk]
             for name, rows in rows_of.items():
-                buffers[name][start - chunk_lo : stop - chunk_lo] = rows[start - lo : stop - lo]
+                buffers[name][start - chunk_lo : stop - chunk_lo] = rows[start - lo - done : stop - lo - done]
             self._filled[chunk] += stop - start
             if self._filled[chunk] == self._chunk_rows(chunk):
                 self._flush(chunk)
             start = stop
+        return bool(self._written[index])
 
     def _flush(self, chunk: int) -> None:
         buffers = self._pending.pop(chunk)
@@ -338,7 +360,8 @@ class HiddenStore:
         aux = torch.from_numpy(self.aux[lo:hi])  # [T, K*H] uint8
         final = torch.from_numpy(self.final[lo:hi])  # [T, H] uint8
         taps = scale.shape[1] - 1
-        aux = fp8_dequantize(aux.view(hi - lo, taps, -1), scale[:, :taps]).reshape(hi - lo, -1)
+        width = self.aux.shape[1] // taps  # explicit: a zero-length sample has no -1 to infer
+        aux = fp8_dequantize(aux.view(hi - lo, taps, width), scale[:, :taps]).reshape(hi - lo, taps * width)
         return aux, fp8_dequantize(final, scale[:, taps])
 
 
