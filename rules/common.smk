@@ -1,4 +1,5 @@
 # Config validation and input helpers. All logic lives in src/eyas; this file only maps config to paths.
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ STAGE_VERSION = {
     "extract": 2,
     "train": 2,
     "evaluate": 2,
-    "export": 1,
+    "export": 2,
     "validate": 1,
 }
 
@@ -78,6 +79,13 @@ def all_cores():
 
 def use_gpu(device):
     return 1 if device == "cuda" else 0
+
+
+def extract_gpus():
+    """GPUs per extraction job: the SGLang engine's tensor-parallel size, else one on CUDA."""
+    if EYAS.extract.backend == "sglang":
+        return EYAS.extract.sglang.tp_size
+    return use_gpu(EYAS.extract.device)
 
 
 # --------------------------------------------------------------------------- regenerate / evaluation inputs

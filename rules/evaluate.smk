@@ -85,6 +85,7 @@ rule report_figures:
 rule export_sglang:
     input:
         drafter="results/train/drafter",
+        model=model_dir(),
     output:
         export=directory("results/export/sglang"),
     log:

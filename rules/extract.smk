@@ -15,12 +15,12 @@ rule extract:
         "../envs/eyas.yaml"
     threads: 2
     resources:
-        gpu=use_gpu(EYAS.extract.device),
+        gpu=extract_gpus(),
         mem_mb=8000,  # the target (fp32 SmolLM2 ~0.6 GB) + a token-budget batch of states + write buffers
         runtime=60,
     params:
         layer_ids=EYAS.model.aux_layer_ids,
-        settings=vars(EYAS.extract),
+        settings=dataclasses.asdict(EYAS.extract),
         model_id=EYAS.model_id,
         trust_remote_code=EYAS.model.trust_remote_code,
         version=STAGE_VERSION["extract"],

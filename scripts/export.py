@@ -3,9 +3,11 @@
 import json
 
 from eyas.export import export_sglang
+from eyas.extract.layer_conventions import text_model_type
 from eyas.logs import setup_stage_logging
+from eyas.target import read_config
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "export")
-info = export_sglang(sm.input.drafter, sm.output.export)
+info = export_sglang(sm.input.drafter, sm.output.export, text_model_type(read_config(sm.input.model)))
 log.info("export: %s", json.dumps(info))

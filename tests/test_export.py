@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eyas.export import expected_tensors, export_sglang, sglang_tensors, validate_tensors
+from eyas.export import expected_tensors, export_sglang, load_export, sglang_tensors, validate_tensors
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
 
 
@@ -138,3 +138,30 @@ def test_export_reloads_and_computes_what_the_trained_model_computes(drafter_dir
         agree = (got[k].argmax(-1) == want[k].argmax(-1)).float().mean()
         assert agree >= 0.9, (k, float(agree))
     assert torch.equal(reloaded.d2t, trained.d2t) and torch.equal(reloaded.t2d, trained.t2d)
+
+
+def test_deepseek_family_export_writes_sglang_ids_and_reads_them_back(tmp_path):
+    # Taps [2, 14, 26] of a DeepSeek-V3/Kimi target: SGLang adds 1 only when the first id is 1, so the
+    # config must say [3, 15, 27] to capture hidden_states[3, 15, 27] = the outputs of layers 2, 14, 26.
+    cfg = DrafterConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-5,
+        rope_theta=1e5,
+        max_position_embeddings=512,
+        vocab_size=100,
+        draft_vocab_size=100,
+        aux_layer_ids=[2, 14, 26],
+    )
+    torch.manual_seed(0)
+    model = Eagle3Drafter(cfg)
+    model.save_pretrained(tmp_path / "drafter")
+    summary = export_sglang(tmp_path / "drafter", tmp_path / "sglang", target_model_type="deepseek_v3")
+    config = json.loads((tmp_path / "sglang" / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [3, 15, 27]
+    assert summary["sglang_aux_layer_ids"] == [3, 15, 27] and summary["aux_layer_ids"] == [2, 14, 26]
+    reloaded = load_export(tmp_path / "sglang", model.embed_tokens.weight.detach())
+    assert reloaded.config.aux_layer_ids == [2, 14, 26]

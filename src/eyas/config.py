@@ -78,9 +78,25 @@ class VocabSettings:
 
 
 @dataclass
+class SglangSettings:
+    tp_size: int = 1
+    """Tensor-parallel GPUs of the one SGLang engine of an extraction job (the job requests that many)."""
+    mem_fraction_static: float = 0.85
+    """Share of GPU memory SGLang takes for weights and KV cache (prefill-only: the KV cache only
+    has to hold the requests of one forward)."""
+    chunked_prefill_size: int = 8192
+    """Tokens per prefill forward; longer samples arrive in pieces and are reassembled. -1 = off."""
+    attention_backend: str | None = None
+    """SGLang attention backend (e.g. `fa3`, `flashinfer`, `triton`); null = SGLang's choice."""
+    requests_per_call: int = 1024
+    """Samples handed to the engine per `generate` call (the scheduler batches them itself)."""
+
+
+@dataclass
 class ExtractSettings:
-    backend: Literal["hf"] = "hf"
-    """Capture backend: `hf` (Hugging Face transformers)."""
+    backend: Literal["hf", "sglang"] = "hf"
+    """Capture backend: `hf` (Hugging Face transformers; also the CPU path) or `sglang` (a patched
+    SGLang engine on GPUs, docs/sglang.md)."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """`auto` = cuda when available; set `cuda` to request a GPU (resources gpu=1) from the scheduler."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -94,6 +110,8 @@ class ExtractSettings:
     """Tokens per Zarr chunk (bench/chunks.py: write speed, ratio and random-read amplification)."""
     writer_threads: int | None = None
     """Threads that compress and write chunks; null = the job's threads - 1."""
+    sglang: SglangSettings = field(default_factory=SglangSettings)
+    """Engine settings of `backend: sglang` (ignored by `hf`)."""
 
 
 @dataclass
@@ -220,9 +238,16 @@ class Config:
             ("extract.token_budget", self.extract.token_budget),
             ("extract.chunk_tokens", self.extract.chunk_tokens),
             ("extract.writer_threads", self.extract.writer_threads or 1),
+            ("extract.sglang.tp_size", self.extract.sglang.tp_size),
+            ("extract.sglang.requests_per_call", self.extract.sglang.requests_per_call),
         ):
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
+        fraction = self.extract.sglang.mem_fraction_static
+        if not 0.0 < fraction < 1.0:
+            raise ConfigError(f"extract.sglang.mem_fraction_static must be in (0, 1), got {fraction}")
+        if self.extract.backend == "sglang" and self.extract.device == "cpu":
+            raise ConfigError("extract.backend sglang runs on GPUs: set extract.device to cuda (or auto)")
         if not 0.0 < self.data.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.data.eval_fraction}")
         if self.evaluate.temperature < 0:

@@ -14,14 +14,20 @@ import torch
 from safetensors.torch import save_file
 
 from eyas.atomic import atomic_dir
+from eyas.extract.layer_conventions import sglang_layer_ids, tap_ids_from_sglang
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter, read_drafter_config
 from eyas.provenance import DRAFTER_PROVENANCE
 
 PROVENANCE_KEYS = (*DRAFTER_PROVENANCE, "draft_vocab_hash")
 
 
-def sglang_config(cfg: DrafterConfig, provenance: dict | None = None) -> dict:
-    """config.json for SGLang's LlamaForCausalLMEagle3 (a one-layer Llama + EAGLE-3 fields)."""
+def sglang_config(
+    cfg: DrafterConfig, provenance: dict | None = None, target_model_type: str = "llama"
+) -> dict:
+    """config.json for SGLang's LlamaForCausalLMEagle3 (a one-layer Llama + EAGLE-3 fields).
+
+    The aux ids are in SGLang's convention for the target's family (`layer_conventions`): the
+    serving engine hands them to the target's `set_eagle3_layers_to_capture`."""
     config = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
@@ -45,12 +51,12 @@ def sglang_config(cfg: DrafterConfig, provenance: dict | None = None) -> dict:
         "mlp_bias": False,
         "torch_dtype": "bfloat16",
         "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+            "eagle_aux_hidden_state_layer_ids": sglang_layer_ids(target_model_type, cfg.aux_layer_ids),
             "use_aux_hidden_state": True,
         },
     }
-    if provenance:
-        config["eyas_provenance"] = provenance  # ignored by SGLang, kept for traceability
+    # ignored by SGLang, kept for traceability and for reading the ids back
+    config["eyas_provenance"] = {**(provenance or {}), "target_model_type": target_model_type}
     return config
 
 
@@ -110,14 +116,17 @@ def sglang_tensors(model: Eagle3Drafter) -> dict[str, torch.Tensor]:
     return out
 
 
-def export_sglang(drafter_dir: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
-    """Write `config.json` + `model.safetensors` for SGLang at `out_dir` (atomic). Returns a summary."""
+def export_sglang(
+    drafter_dir: str | os.PathLike, out_dir: str | os.PathLike, target_model_type: str = "llama"
+) -> dict:
+    """Write `config.json` + `model.safetensors` for SGLang at `out_dir` (atomic). Returns a summary.
+    `target_model_type`: the target's HF model_type (`layer_conventions.text_model_type`)."""
     model = Eagle3Drafter.from_pretrained(drafter_dir)
     raw = read_drafter_config(drafter_dir)
     provenance = {k: raw[k] for k in PROVENANCE_KEYS if k in raw}
     tensors = sglang_tensors(model)
     validate_tensors(tensors, model.config)
-    config = sglang_config(model.config, provenance)
+    config = sglang_config(model.config, provenance, target_model_type)
     with atomic_dir(out_dir) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -129,6 +138,7 @@ def export_sglang(drafter_dir: str | os.PathLike, out_dir: str | os.PathLike) ->
         "bytes": size,
         "draft_vocab_size": model.config.draft_vocab_size,
         "aux_layer_ids": list(model.config.aux_layer_ids),
+        "sglang_aux_layer_ids": config["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
     }
 
 
@@ -241,7 +251,8 @@ def load_export(export_dir: str | os.PathLike, embed: torch.Tensor) -> Eagle3Dra
         aux = [int(i) - 1 for i in raw["eagle_aux_hidden_state_layer_ids"]]
     elif raw.get("architectures") == ["LlamaForCausalLMEagle3"]:
         layer = raw
-        aux = raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        model_type = raw.get("eyas_provenance", {}).get("target_model_type", "llama")
+        aux = tap_ids_from_sglang(model_type, raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     else:
         raise ValueError(
             f"{export_dir / 'config.json'}: field 'architectures' is {raw.get('architectures')!r}"

@@ -48,7 +48,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def _check_shard(shard: TokenShard, path: str, vocab_size: int) -> None:
+def check_shard(shard: TokenShard, path: str, vocab_size: int) -> None:
     offsets = shard.sample_offsets
     if (
         len(offsets) == 0
@@ -70,6 +70,34 @@ def _check_shard(shard: TokenShard, path: str, vocab_size: int) -> None:
             f"{path}: input_ids[{bad[0]}] (sample {sample}) = {shard.input_ids[bad[0]]} is outside the "
             f"target vocab [0, {vocab_size})"
         )
+
+
+def store_attrs(
+    shard: TokenShard,
+    token_shard: str | os.PathLike,
+    model_id: str,
+    model_dir: str | os.PathLike,
+    layer_ids: list[int],
+    *,
+    backend: str,
+    compute_dtype: torch.dtype,
+    device: torch.device,
+) -> dict:
+    """Provenance of a hidden store (docs/design.md); the store writer adds format, sizes, dtype, codec."""
+    return {
+        "model_id": model_id,
+        "model_hash": model_hash(model_dir),
+        "layer_ids": list(layer_ids),
+        "layer_id_convention": LAYER_ID_CONVENTION,
+        "final_norm": FINAL_NORM,
+        "compute_dtype": str(compute_dtype).removeprefix("torch."),
+        "device": str(device),
+        "backend": backend,
+        **{field: shard.attrs[field] for field in COPIED_SHARD_ATTRS},
+        "tokens_checksum": sha256_array(shard.input_ids),
+        "token_shard": os.fspath(token_shard),
+        "eyas_version": EYAS_VERSION,
+    }
 
 
 def batch_input_ids(
@@ -214,22 +242,18 @@ def extract_shard(
     layer_ids = validate_layer_ids(layer_ids, num_layers)
 
     shard = read_token_shard(token_shard)
-    _check_shard(shard, token_shard, int(config["vocab_size"]))
+    check_shard(shard, token_shard, int(config["vocab_size"]))
     plan = plan_shard(np.diff(shard.sample_offsets).tolist(), token_budget, (len(layer_ids) + 1) * hidden * 2)
-    attrs = {  # provenance, docs/design.md; the store writer adds format, sizes, dtype and codec
-        "model_id": model_id,
-        "model_hash": model_hash(model_dir),
-        "layer_ids": layer_ids,
-        "layer_id_convention": LAYER_ID_CONVENTION,
-        "final_norm": FINAL_NORM,
-        "compute_dtype": str(compute_dtype).removeprefix("torch."),
-        "device": str(torch_device),
-        "backend": "hf",
-        **{field: shard.attrs[field] for field in COPIED_SHARD_ATTRS},
-        "tokens_checksum": sha256_array(shard.input_ids),
-        "token_shard": os.fspath(token_shard),
-        "eyas_version": EYAS_VERSION,
-    }
+    attrs = store_attrs(
+        shard,
+        token_shard,
+        model_id,
+        model_dir,
+        layer_ids,
+        backend="hf",
+        compute_dtype=compute_dtype,
+        device=torch_device,
+    )
 
     start = time.perf_counter()
     model = None

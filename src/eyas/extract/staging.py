@@ -41,6 +41,9 @@ class StagedBatch:
 
     rows [B, T, (K+1)*H]: bf16 bits as uint16 (storage bf16) or e4m3 bits as uint8 (fp8_e4m3),
     taps in layer_ids order then the final state. scale [B, T, K+1] float32 for fp8, else None.
+    Whole samples: row b holds sample indices[b], lengths[b] rows. Pieces (SGLang's packed extend
+    batches, B = 1): `pieces` lists (sample, first row within the sample, row in `rows`, count), and
+    `token_ids` [T] are the tokens the rows were computed for, checked against the shard's.
     """
 
     indices: list[int]
@@ -49,6 +52,8 @@ class StagedBatch:
     scale: torch.Tensor | None
     ready: torch.cuda.Event | None = None
     buffers: tuple[torch.Tensor, ...] = ()  # pinned pool buffers to hand back once written
+    pieces: list[tuple[int, int, int, int]] | None = None
+    token_ids: torch.Tensor | None = None
 
 
 def encode_batch(taps: list[torch.Tensor], final: torch.Tensor, storage: str):
@@ -81,24 +86,29 @@ def stage_batch(
     storage: str,
     pool: PinnedPool | None,
     copy_stream: torch.cuda.Stream | None,
+    token_ids: torch.Tensor | None = None,
 ) -> StagedBatch:
-    """Encode on the device, then (CUDA) copy to pinned host memory on `copy_stream`."""
+    """Encode on the device, then (CUDA) copy to pinned host memory on `copy_stream`.
+    `token_ids` (optional, any integer dtype) travel beside the rows for the writer's check."""
     rows, scale = encode_batch(taps, final, storage)
     if final.device.type != "cuda":
-        return StagedBatch(indices, lengths, rows, scale)
+        ids = None if token_ids is None else token_ids.cpu()
+        return StagedBatch(indices, lengths, rows, scale, token_ids=ids)
     assert pool is not None and copy_stream is not None
     copy_stream.wait_stream(torch.cuda.current_stream())  # the encode kernels must finish first
+    device_tensors = [t for t in (rows, scale, token_ids) if t is not None]
     with torch.cuda.stream(copy_stream):
-        host_rows, buf_rows = _to_pinned(rows, pool)
-        buffers = [buf_rows]
-        host_scale = None
-        if scale is not None:
-            host_scale, buf_scale = _to_pinned(scale, pool)
-            buffers.append(buf_scale)
+        host, buffers = [], []
+        for tensor in device_tensors:
+            host_tensor, buffer = _to_pinned(tensor, pool)
+            host.append(host_tensor)
+            buffers.append(buffer)
         ready = torch.cuda.Event()
         ready.record(copy_stream)
     # The caching allocator must not hand these to the next forward before the copy has read them.
-    rows.record_stream(copy_stream)
-    if scale is not None:
-        scale.record_stream(copy_stream)
-    return StagedBatch(indices, lengths, host_rows, host_scale, ready, tuple(buffers))
+    for tensor in device_tensors:
+        tensor.record_stream(copy_stream)
+    host_rows = host.pop(0)
+    host_scale = host.pop(0) if scale is not None else None
+    host_ids = host.pop(0) if token_ids is not None else None
+    return StagedBatch(indices, lengths, host_rows, host_scale, ready, tuple(buffers), token_ids=host_ids)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from eyas.extract.staging import PinnedPool, StagedBatch
@@ -60,10 +61,17 @@ class ChunkPool:
 class BatchWriter:
     """The one thread that owns the HiddenStoreWriter, fed through a bounded queue."""
 
-    def __init__(self, store: HiddenStoreWriter, pool: PinnedPool | None, writer_threads: int):
+    def __init__(
+        self,
+        store: HiddenStoreWriter,
+        pool: PinnedPool | None,
+        writer_threads: int,
+        shard_ids: np.ndarray | None = None,
+    ):
+        """`shard_ids`: the token shard's flat input_ids; pieces' token ids are checked against them."""
         if writer_threads < 1:
             raise ValueError(f"extract: writer_threads must be >= 1, got {writer_threads}")
-        self.store, self.pool = store, pool
+        self.store, self.pool, self.shard_ids = store, pool, shard_ids
         self.kh = store.widths["aux"]
         self.chunks = ChunkPool(store, writer_threads) if writer_threads > 1 else None
         self.queue: queue.Queue[StagedBatch | None] = queue.Queue(maxsize=QUEUE_BATCHES)
@@ -93,12 +101,36 @@ class BatchWriter:
             item.ready.synchronize()
         rows = item.rows.numpy()  # [B, T, (K+1)H] uint16 (bf16 bits) or uint8 (e4m3 bits)
         scale = item.scale.numpy() if item.scale is not None else None  # [B, T, K+1]
+        if item.pieces is not None:
+            self._write_pieces(item, rows[0], None if scale is None else scale[0])
+            return
         for b, (index, n) in enumerate(zip(item.indices, item.lengths, strict=True)):
             aux, final = rows[b, :n, : self.kh], rows[b, :n, self.kh :]
             if scale is None:
                 self.store.write_sample(index, aux, final)
             else:
                 self.store.write_sample(index, aux, final, scale[b, :n])
+
+    def _write_pieces(self, item: StagedBatch, rows: np.ndarray, scale: np.ndarray | None) -> None:
+        ids = item.token_ids.numpy() if item.token_ids is not None else None  # [T]
+        for index, start, row, n in item.pieces:
+            if ids is not None and self.shard_ids is not None:
+                lo = int(self.store.offsets[index]) + start
+                want, got = self.shard_ids[lo : lo + n], ids[row : row + n]
+                if not np.array_equal(want, got):
+                    at = int(np.flatnonzero(want != got)[0])
+                    raise ValueError(
+                        f"sample {index}: rows [{start}, {start + n}) were computed for other tokens "
+                        f"than the shard's (token {start + at}: {got[at]} != {want[at]})"
+                    )
+            part = rows[row : row + n]
+            self.store.write_rows(
+                index,
+                start,
+                part[:, : self.kh],
+                part[:, self.kh :],
+                None if scale is None else scale[row : row + n],
+            )
 
     def put(self, item: StagedBatch) -> None:
         start = time.perf_counter()

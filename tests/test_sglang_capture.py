@@ -1,0 +1,219 @@
+"""SGLang backend, the parts that need no sglang: layer-id conventions, the version switch, slicing of
+packed extend batches and the row sink that reassembles chunked prefill into a store (on CPU).
+The same code on real sglang classes: tests/sglang/; on the GPU: tests/gpu/."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from eyas.extract.layer_conventions import (
+    sglang_captured_inputs,
+    sglang_layer_ids,
+    tap_ids_from_sglang,
+    text_model_type,
+)
+from eyas.extract.sglang_backend import (
+    CaptureSpec,
+    PrefixReuseError,
+    RowSink,
+    batch_pieces,
+    capture_route,
+    engine_args,
+    request_rid,
+)
+from eyas.quant import fp8_dequantize, fp8_quantize
+from eyas.store import HiddenStore, write_token_shard
+
+K, H = 3, 8
+PREFIX = "eyas-test-"
+
+
+# --------------------------------------------------------------------------- layer ids
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3_moe", "gemma3_text", "glm4_moe"])
+def test_plus_one_families_take_drafter_ids_as_they_are(model_type):
+    assert sglang_layer_ids(model_type, [1, 14, 26]) == [1, 14, 26]
+    assert sglang_layer_ids(model_type, [0, 5]) == [0, 5]
+    assert sglang_captured_inputs(model_type, [1, 14, 26]) == [2, 15, 27]  # HF hidden_states[v + 1]
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "deepseek_v2", "kimi_k2", "glm4_moe_lite"])
+def test_first_id_one_families(model_type):
+    # ids starting at 1: SGLang adds 1 to all, like Llama
+    assert sglang_layer_ids(model_type, [1, 29, 57]) == [1, 29, 57]
+    # otherwise SGLang takes them as hidden_states indices: we must add the 1 ourselves
+    assert sglang_layer_ids(model_type, [2, 29, 57]) == [3, 30, 58]
+    assert sglang_captured_inputs(model_type, [3, 30, 58]) == [3, 30, 58]
+    for taps in ([1, 29, 57], [2, 29, 57], [5, 6]):
+        assert tap_ids_from_sglang(model_type, sglang_layer_ids(model_type, taps)) == taps
+    with pytest.raises(ValueError, match="tap 0"):
+        sglang_layer_ids(model_type, [0, 29, 57])
+
+
+def test_multimodal_wrapper_uses_its_language_model_type():
+    kimi = {"model_type": "kimi_k25", "text_config": {"model_type": "deepseek_v3"}}
+    assert text_model_type(kimi) == "deepseek_v3"
+    assert text_model_type({"model_type": "llama"}) == "llama"
+
+
+# --------------------------------------------------------------------------- versions, args, slicing
+@pytest.mark.parametrize(
+    ("version", "route"),
+    [("0.5.17", "scheduler"), ("0.5.21", "scheduler"), ("0.5.22", "builtin"), ("0.5.23.post1", "builtin")],
+)
+def test_capture_route_per_version(version, route):
+    assert capture_route(version) == route
+
+
+@pytest.mark.parametrize("version", ["0.5.16", "0.5.24", "0.4.9"])
+def test_untested_versions_are_refused(version):
+    with pytest.raises(RuntimeError, match="tested range 0.5.17-0.5.23"):
+        capture_route(version)
+
+
+def test_engine_args_turn_capture_on_and_the_prefix_cache_off():
+    settings = {
+        "tp_size": 8,
+        "mem_fraction_static": 0.8,
+        "chunked_prefill_size": 4096,
+        "attention_backend": "fa3",
+    }
+    builtin = engine_args("builtin", [1, 29, 57], settings, "/m", "bfloat16", False)
+    assert builtin["enable_return_aux_hidden_states"] and builtin["speculative_algorithm"] == "EAGLE3"
+    assert builtin["return_aux_hidden_state_layer_ids"] == [1, 29, 57]
+    assert (
+        builtin["disable_radix_cache"] and builtin["tp_size"] == 8 and builtin["attention_backend"] == "fa3"
+    )
+    older = engine_args(
+        "scheduler", [1, 29, 57], settings | {"attention_backend": None}, "/m", "bfloat16", False
+    )
+    assert "speculative_algorithm" not in older and "attention_backend" not in older
+    assert older["disable_radix_cache"]
+
+
+def test_batch_pieces_follow_prefix_and_extend_lengths_and_skip_foreign_requests():
+    rids = [request_rid(PREFIX, 7), "warmup-0", request_rid(PREFIX, 2), request_rid(PREFIX, 11)]
+    pieces = batch_pieces(rids, [0, 0, 512, 0], [100, 4, 88, 1], PREFIX)
+    assert pieces == [(7, 0, 0, 100), (2, 512, 104, 88), (11, 0, 192, 1)]
+    assert batch_pieces(None, None, None, PREFIX) == []
+
+
+# --------------------------------------------------------------------------- the row sink on CPU
+LENGTHS = [5, 0, 9, 3, 14]
+
+
+def _states(length: int, sample: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(sample)
+    return torch.randn(length, K * H, generator=g), torch.randn(length, H, generator=g)
+
+
+@pytest.fixture
+def shard(tmp_path):
+    rng = np.random.default_rng(0)
+    samples = [(rng.integers(0, 100, n).astype(np.int32), np.ones(n, np.uint8)) for n in LENGTHS]
+    path = tmp_path / "shard-00000.zarr"
+    attrs = {"split": "train", "shard": 0, "tokenizer_hash": "t", "chat_template_hash": "c"}
+    write_token_shard(path, samples, [f"s{i}" for i in range(len(samples))], attrs)
+    return path, samples
+
+
+def _spec(tmp_path, shard_path, storage="bf16") -> CaptureSpec:
+    return CaptureSpec(
+        store=str(tmp_path / "hidden.zarr"),
+        token_shard=str(shard_path),
+        stats_path=str(tmp_path / "hidden.zarr.stats.json"),
+        attrs={"model_id": "tiny", "backend": "sglang"},
+        hidden=H,
+        num_taps=K,
+        sglang_layer_ids=[1, 2, 3],
+        storage=storage,
+        chunk_tokens=4,
+        writer_threads=2,
+        rid_prefix=PREFIX,
+        route="builtin",
+    )
+
+
+def _forward(entries, samples):
+    """One packed extend batch: entries (rid, sample or None, start, count) -> what the hook sees."""
+    rids, prefix_lens, extend_lens, aux, final, ids = [], [], [], [], [], []
+    for rid, sample, start, count in entries:
+        if sample is None:  # another client's request: rows that are not ours
+            a, f, t = torch.randn(count, K * H), torch.randn(count, H), torch.zeros(count, dtype=torch.int64)
+        else:
+            full_aux, full_final = _states(LENGTHS[sample], sample)
+            a, f = full_aux[start : start + count], full_final[start : start + count]
+            t = torch.from_numpy(samples[sample][0][start : start + count].astype(np.int64))
+        rids.append(rid)
+        prefix_lens.append(start)
+        extend_lens.append(count)
+        aux.append(a)
+        final.append(f)
+        ids.append(t)
+    pieces = batch_pieces(rids, prefix_lens, extend_lens, PREFIX)
+    # SGLang may hand over more rows than the batch has (padding): the sink must ignore them
+    pad = (torch.zeros(2, K * H), torch.zeros(2, H), torch.zeros(2, dtype=torch.int64))
+    return pieces, torch.cat([*aux, pad[0]]), torch.cat([*final, pad[1]]), torch.cat([*ids, pad[2]])
+
+
+# Chunked prefill with a 6-token budget: sample 4 (14 tokens) arrives in three pieces, sample 2 in two,
+# interleaved with other requests, as SGLang's scheduler packs them.
+SCHEDULE = [
+    [(request_rid(PREFIX, 0), 0, 0, 5), (request_rid(PREFIX, 2), 2, 0, 1)],
+    [(request_rid(PREFIX, 2), 2, 1, 8), ("other", None, 0, 3)],
+    [(request_rid(PREFIX, 4), 4, 0, 6)],
+    [(request_rid(PREFIX, 4), 4, 6, 6)],
+    [(request_rid(PREFIX, 3), 3, 0, 3), (request_rid(PREFIX, 4), 4, 12, 2)],
+]
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8_e4m3"])
+def test_row_sink_reassembles_chunked_prefill_into_the_store(tmp_path, shard, storage):
+    path, samples = shard
+    spec = _spec(tmp_path, path, storage)
+    sink = RowSink(spec, torch.device("cpu"))
+    for entries in SCHEDULE:
+        assert not sink.closed
+        sink.take(*_forward(entries, samples))
+    assert sink.closed  # the forward that completed the last sample finished the store
+    store = HiddenStore(spec.store)
+    assert store.attrs["backend"] == "sglang" and store.num_samples == len(LENGTHS)
+    for sample, length in enumerate(LENGTHS):
+        aux, final = store.sample(sample)
+        want_aux, want_final = _states(length, sample)
+        if storage == "bf16":  # lossless: exactly the bf16 rounding of what the model produced
+            assert torch.equal(aux, want_aux.bfloat16()) and torch.equal(final, want_final.bfloat16())
+        else:  # exactly the fp8 round trip of what the model produced, whatever the piece boundaries
+            bits, scale = fp8_quantize(
+                torch.cat([want_aux.view(length, K, H), want_final.view(length, 1, H)], 1)
+            )
+            want = fp8_dequantize(bits, scale)  # [T, K+1, H]
+            assert torch.equal(aux, want[:, :K].reshape(length, K * H)) and torch.equal(final, want[:, K])
+    stats = json.loads((tmp_path / "hidden.zarr.stats.json").read_text())
+    assert stats["forwards"] == len(SCHEDULE)
+
+
+def test_a_first_piece_with_a_cached_prefix_is_an_error(tmp_path, shard):
+    path, samples = shard
+    spec = _spec(tmp_path, path)
+    sink = RowSink(spec, torch.device("cpu"))
+    sink.take(*_forward(SCHEDULE[0], samples))
+    with pytest.raises(PrefixReuseError, match="sample 4 arrived with rows from 6"):
+        sink.take(*_forward([(request_rid(PREFIX, 4), 4, 6, 6)], samples))  # rows 0..5 never computed
+    assert not (tmp_path / "hidden.zarr").exists()
+    assert not list(tmp_path.glob("hidden.zarr*"))  # no temporary left as if finished
+
+
+def test_rows_computed_for_other_tokens_are_refused(tmp_path, shard):
+    path, samples = shard
+    spec = _spec(tmp_path, path)
+    sink = RowSink(spec, torch.device("cpu"))
+    pieces, aux, final, ids = _forward(SCHEDULE[0], samples)
+    ids[3] += 1  # sample 0, token 3: the engine computed a different sequence
+    with pytest.raises(RuntimeError, match=r"sample 0: rows \[0, 5\) were computed for other tokens"):
+        sink.take(pieces, aux, final, ids)
+        sink.writer.close()
+    assert not (tmp_path / "hidden.zarr").exists()
