@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from eyas.capture import TapCapture, base_decoder
+from eyas.extract import hf_backend
 from eyas.extract.hf_backend import (
     batch_input_ids,
     extraction_stats,
@@ -149,6 +150,8 @@ def run_variant(args) -> dict:
     layer_ids = default_aux_layer_ids(config.num_hidden_layers)
     shard = build_shard(args, config.vocab_size)
     row_bytes = (len(layer_ids) + 1) * config.hidden_size * 2
+    if args.window_mib:  # a smaller planning window shows the memory bound on a small shard
+        hf_backend.WINDOW_BYTES = args.window_mib << 20
     plan = plan_shard(np.diff(shard.sample_offsets).tolist(), args.budget, row_bytes)
     run_prefill(model, shard, plan.batches[:1], args.device)  # kernels and allocator warmed up
     work = Path(args.workdir) / args.variant
@@ -228,6 +231,7 @@ def main() -> None:
     parser.add_argument("--chunk-tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--window-mib", type=int, default=None, help="planning window (default: the stage's)")
     parser.add_argument("--workdir", default=None, help="where stores are written (default: a temp dir)")
     parser.add_argument("--out", default=None, help="JSON results file")
     parser.add_argument("--variant", help=argparse.SUPPRESS)

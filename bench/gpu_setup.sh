@@ -15,3 +15,20 @@ if [[ -d .dev/p1 && -d .dev/p2 && ! -f /root/smollm2/config.json ]]; then
   python3 -c "from eyas.assets import gguf_to_hf; gguf_to_hf('/root/gguf/SmolLM2-135M-Instruct.Q4_1.gguf', '/root/smollm2')"
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader || true
+# A trained drafter carried without its frozen embedding (.dev/drafter: config, weights minus
+# embed_tokens, embed.sha256): the embedding is the target's own, checked by hash, so it need not travel.
+if [[ -d .dev/drafter && -f /root/smollm2/config.json && ! -f /root/drafter/config.json ]]; then
+  python3 - <<'PY'
+import hashlib, os, shutil
+from safetensors.torch import load_file, save_file
+state = load_file(".dev/drafter/model.safetensors")
+embed = load_file("/root/smollm2/model.safetensors")["model.embed_tokens.weight"].float().contiguous()
+digest = hashlib.sha256(embed.numpy().tobytes()).hexdigest()
+expected = open(".dev/drafter/embed.sha256").read().split()[0]
+assert digest == expected, f"target embedding {digest} != the drafter's {expected}"
+state["embed_tokens.weight"] = embed
+os.makedirs("/root/drafter", exist_ok=True)
+save_file(state, "/root/drafter/model.safetensors")
+shutil.copy(".dev/drafter/config.json", "/root/drafter/config.json")
+PY
+fi
