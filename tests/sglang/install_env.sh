@@ -35,7 +35,7 @@ start=$SECONDS
 "$VENV/bin/pip" install -q --no-deps -e .
 
 # Fail here, not in a test, when a module the backend needs no longer imports.
-"$VENV/bin/python" - <<'EOF'
+"$VENV/bin/python" -W ignore - <<'EOF'
 import importlib
 
 for name in (
