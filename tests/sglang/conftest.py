@@ -18,3 +18,10 @@ if not HAVE_SGLANG:
     collect_ignore = [
         p.name for p in Path(__file__).parent.glob("test_*.py") if p.name != "test_real_classes.py"
     ]
+
+
+def pytest_configure(config):
+    # Import-time noise: sglang's CUDA-only kernels (AWQ, GGUF, Triton) fall back on CPU; sentencepiece's
+    # SWIG types have no __module__.
+    config.addinivalue_line("filterwarnings", r"ignore::UserWarning:sglang\..*")
+    config.addinivalue_line("filterwarnings", "ignore:builtin type Swig:DeprecationWarning")
