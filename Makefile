@@ -25,3 +25,9 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests scripts bench
 	$(VENV)/bin/ruff format --check src tests scripts bench
 	$(VENV)/bin/snakemake --lint
+
+# tests/sglang/ in a second venv with a real sglang 0.5.23 importable on CPU (~6 GB, ~3 min the first time).
+.PHONY: test-sglang
+test-sglang:
+	bash tests/sglang/install_env.sh
+	.venv-sglang/bin/python -m pytest -q tests/sglang

@@ -1,0 +1,113 @@
+"""Real sglang batch and output objects built on CPU, as the scheduler process hands them to an AFTER hook
+on `ModelRunner.forward` (import as `from objects import ...` in a test under tests/sglang/).
+
+All three classes are plain dataclasses with no __post_init__ (sglang 0.5.17 and 0.5.23): constructing
+them, and calling `forward_mode.is_extend()` / `capture_hidden_mode.is_full()`, reads no global state,
+so no runtime context (`get_exec()`, `publish(server_args)`) has to be set up. Only
+`ForwardBatch.init_new` (the scheduler's real constructor) reads it, and it is not used here.
+
+Required fields (no default):
+- ForwardBatch: forward_mode, batch_size, input_ids, req_pool_indices, seq_lens, out_cache_loc,
+  seq_lens_sum. Everything the hook reads (rids, extend_prefix_lens_cpu, extend_seq_lens_cpu,
+  capture_hidden_mode) defaults to None and is filled here the way init_new fills it.
+- LogitsProcessorOutput: next_token_logits (None is accepted; prefill-only scoring leaves it None).
+- ModelRunnerOutput: logits_output, can_run_graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.model_executor.model_runner import ModelRunnerOutput
+
+
+def extend_batch(
+    rids: Sequence[str],
+    prefix_lens: Sequence[int],
+    extend_lens: Sequence[int],
+    capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.FULL,
+    vocab_size: int = 100,
+) -> ForwardBatch:
+    """An EXTEND (prefill) batch: request i brings extend_lens[i] new tokens after prefix_lens[i] tokens
+    already in its KV cache (a later chunk of chunked prefill has prefix > 0). Its rows in the packed
+    outputs are [sum(extend_lens[:i]), sum(extend_lens[:i+1]))."""
+    assert len(rids) == len(prefix_lens) == len(extend_lens)
+    bs, n_tokens = len(rids), sum(extend_lens)
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    starts = [sum(extend_lens[:i]) for i in range(bs)]
+    positions = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix_lens, extend_lens, strict=True)])
+    return ForwardBatch(
+        forward_mode=ForwardMode.EXTEND,
+        batch_size=bs,
+        input_ids=torch.randint(0, vocab_size, (n_tokens,), dtype=torch.int64),  # [T]
+        req_pool_indices=torch.arange(bs, dtype=torch.int64),  # [B]
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),  # [B]
+        out_cache_loc=torch.arange(n_tokens, dtype=torch.int64),  # [T] KV slots written
+        seq_lens_sum=sum(seq_lens),
+        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
+        positions=positions,  # [T]
+        extend_num_tokens=n_tokens,
+        extend_seq_lens=torch.tensor(extend_lens, dtype=torch.int32),  # init_new makes these int32
+        extend_prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32),
+        extend_start_loc=torch.tensor(starts, dtype=torch.int32),
+        extend_seq_lens_cpu=list(extend_lens),
+        extend_prefix_lens_cpu=list(prefix_lens),
+        rids=list(rids),
+        capture_hidden_mode=capture_hidden_mode,
+    )
+
+
+def decode_batch(
+    rids: Sequence[str],
+    seq_lens: Sequence[int],
+    capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.FULL,
+) -> ForwardBatch:
+    """A DECODE batch: one token per request, extend_* left None (as init_new leaves them). Under a
+    server whose return-hidden-states mode is full (the capture mode) decode batches carry
+    CaptureHiddenMode.FULL too, so a hook must tell them apart by forward_mode, not by capture mode."""
+    bs = len(rids)
+    return ForwardBatch(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=bs,
+        input_ids=torch.zeros(bs, dtype=torch.int64),  # [B]
+        req_pool_indices=torch.arange(bs, dtype=torch.int64),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+        out_cache_loc=torch.arange(bs, dtype=torch.int64),
+        seq_lens_sum=sum(seq_lens),
+        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
+        positions=torch.tensor(seq_lens, dtype=torch.int64) - 1,
+        rids=list(rids),
+        capture_hidden_mode=capture_hidden_mode,
+    )
+
+
+def logits_output(
+    aux: torch.Tensor, last: torch.Tensor | None, batch_size: int, vocab_size: int = 100
+) -> LogitsProcessorOutput:
+    """What the logits processor returns under aux capture with CaptureHiddenMode.FULL:
+    hidden_states = the K captured layers concatenated per token [T, K*H], last_hidden_states = the
+    post-norm final state [T, H] (0.5.22+; pass last=None to model 0.5.17, which has no such field).
+    next_token_logits: one row per request, as in a real run; its values are irrelevant to capture."""
+    assert aux.ndim == 2 and (last is None or (last.ndim == 2 and last.shape[0] == aux.shape[0]))
+    fields = {"next_token_logits": torch.zeros(batch_size, vocab_size), "hidden_states": aux}
+    if last is not None:
+        fields["last_hidden_states"] = last
+    return LogitsProcessorOutput(**fields)
+
+
+def runner_output(logits: LogitsProcessorOutput) -> ModelRunnerOutput:
+    """The return value of ModelRunner.forward (what an AFTER hook receives as `result`)."""
+    return ModelRunnerOutput(logits_output=logits, can_run_graph=False)
+
+
+def packed_states(extend_lens: Sequence[int], k: int, h: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct float rows for a packed extend batch: aux [T, K*H], last [T, H]. Row t of the batch is
+    recognisable (value t * 1000 + column), so a test can check which rows a slice took."""
+    n = sum(extend_lens)
+    base = torch.arange(n, dtype=torch.float32)[:, None] * 1000
+    aux = base + torch.arange(k * h, dtype=torch.float32)[None, :]  # [T, K*H]
+    last = base + 500 + torch.arange(h, dtype=torch.float32)[None, :]  # [T, H]
+    return aux, last
