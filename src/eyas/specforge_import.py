@@ -41,12 +41,14 @@ FILE_PATTERN = re.compile(r"data_(\d+)\.ckpt$")
 KEYS = ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DumpSample:
     path: Path
     index: int  # SpecForge's row index (the number in data_{i}.ckpt)
     length: int  # real tokens T
     padding: int  # rows beyond T in the state tensors (padded to a batch's longest): dropped
+    input_ids: np.ndarray  # [T] int32, kept from pass 1 (5 bytes/token: 87 MB for 17.3M tokens)
+    loss_mask: np.ndarray  # [T] uint8
 
 
 def find_dump_files(dump_dir: str | os.PathLike) -> list[tuple[int, Path]]:
@@ -63,8 +65,9 @@ def _load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
 
 
-def inspect_sample(path: Path, hidden: int, aux_width: int) -> tuple[int, int]:
-    """(real length T, padding rows); raises ValueError naming the field that is wrong."""
+def inspect_sample(path: Path, hidden: int, aux_width: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """(real length T, padding rows, input_ids int32, loss_mask uint8); raises ValueError naming the
+    field that is wrong."""
     data = _load(path)
     if not isinstance(data, dict):
         raise ValueError(f"not a dict but {type(data).__name__}")
@@ -83,7 +86,8 @@ def inspect_sample(path: Path, hidden: int, aux_width: int) -> tuple[int, int]:
             raise ValueError(f"{key} is {tensor.dtype}, expected torch.bfloat16")
     if data["hidden_state"].shape[1] != data["aux_hidden_state"].shape[1]:
         raise ValueError("hidden_state and aux_hidden_state have different row counts")
-    return length, int(data["hidden_state"].shape[1]) - length
+    padding = int(data["hidden_state"].shape[1]) - length
+    return length, padding, ids.numpy().astype(np.int32), (mask.numpy() != 0).astype(np.uint8)
 
 
 def _write_shard(
@@ -99,12 +103,7 @@ def _write_shard(
     chunk_tokens: int,
 ) -> None:
     name = f"shard-{shard:05d}.zarr"
-    token_samples = []
-    for sample in samples:  # ids and masks are small: read them all for the token shard
-        data = _load(sample.path)
-        ids = data["input_ids"].reshape(-1).numpy().astype(np.int32)
-        mask = (data["loss_mask"].reshape(-1).numpy() != 0).astype(np.uint8)
-        token_samples.append((ids, mask))
+    token_samples = [(sample.input_ids, sample.loss_mask) for sample in samples]
     sample_ids = [f"specforge:{s.index}" for s in samples]
     attrs = {**token_attrs, "shard": shard, "num_shards": num_shards}
     write_token_shard(out_dir / "tokens" / split / name, token_samples, sample_ids, attrs)
@@ -157,13 +156,13 @@ def import_specforge(
 
     kept: list[DumpSample] = []
     rejects: list[dict] = []
-    for index, path in files:  # pass 1: lengths and validation; mmap reads headers and ids only
+    for index, path in files:  # pass 1: validation, ids and masks; mmap reads no state pages
         try:
-            length, padding = inspect_sample(path, hidden, len(layer_ids) * hidden)
+            length, padding, ids, mask = inspect_sample(path, hidden, len(layer_ids) * hidden)
         except Exception as err:  # any unreadable or inconsistent file is quarantined, never fatal
             rejects.append({"source": os.fspath(path), "reason": "bad_sample", "detail": str(err)[:500]})
             continue
-        kept.append(DumpSample(path, index, length, padding))
+        kept.append(DumpSample(path, index, length, padding, ids, mask))
 
     hidden_attrs = {
         "model_id": model_id,
