@@ -152,7 +152,9 @@ def run_variant(args) -> dict:
     row_bytes = (len(layer_ids) + 1) * config.hidden_size * 2
     if args.window_mib:  # a smaller planning window shows the memory bound on a small shard
         hf_backend.WINDOW_BYTES = args.window_mib << 20
-    plan = plan_shard(np.diff(shard.sample_offsets).tolist(), args.budget, row_bytes)
+    plan = plan_shard(
+        np.diff(shard.sample_offsets).tolist(), args.budget, row_bytes, torch.device(args.device).type
+    )
     run_prefill(model, shard, plan.batches[:1], args.device)  # kernels and allocator warmed up
     work = Path(args.workdir) / args.variant
     shutil.rmtree(work, ignore_errors=True)

@@ -17,7 +17,7 @@ STAGE_VERSION = {
     "prepare": 1,
     "tokenize": 1,
     "vocab": 1,
-    "extract": 2,
+    "extract": 3,
     "train": 2,
     "evaluate": 2,
     "export": 2,

@@ -218,10 +218,11 @@ def test_padded_batches_match_reference(
     stats = _extract(
         token_shard, tmp_path / "h.zarr", tiny_model_dir, token_budget=4096, writer_threads=writer_threads
     )
-    assert stats["batches"] == 1 and stats["padding_fraction"] > 0  # all samples in one padded batch
     lengths = [len(ids) for ids, _ in samples]
+    # fewer forwards than samples, some of them padded
+    assert stats["batches"] < len(samples) and stats["padding_fraction"] > 0
     assert stats["tokens"] == sum(lengths) and stats["samples"] == len(samples)
-    assert stats["padding_fraction"] == pytest.approx(1 - sum(lengths) / (len(lengths) * max(lengths)))
+    assert stats["padding_fraction"] == pytest.approx(1 - sum(lengths) / stats["padded_tokens"])
     assert stats["bytes_raw_bf16"] == sum(lengths) * 4 * 64 * 2 and stats["bytes_stored"] > 0
     store = HiddenStore(tmp_path / "h.zarr")
     for s, (hidden_states, _) in enumerate(reference):

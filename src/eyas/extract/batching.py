@@ -21,6 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 BATCH_OVERHEAD_TOKENS = 256  # a forward's fixed cost (launches, sync, Python) in token-equivalents
+# On a CPU a token costs ~1 ms and a forward's fixed cost a few ms, so padding dominates: with the GPU
+# figure the default job's shard padded 6.4%, with this one 1.0% (bench/README.md).
+CPU_BATCH_OVERHEAD_TOKENS = 16
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from eyas.capture import TapCapture, base_decoder, validate_layer_ids
-from eyas.extract.batching import BatchPlan, plan_batches
+from eyas.extract.batching import BATCH_OVERHEAD_TOKENS, CPU_BATCH_OVERHEAD_TOKENS, BatchPlan, plan_batches
 from eyas.extract.staging import PinnedPool, stage_batch
 from eyas.extract.writer import BatchWriter, empty_rows
 from eyas.provenance import EYAS_VERSION, FINAL_NORM, LAYER_ID_CONVENTION, model_hash, sha256_array
@@ -117,10 +117,12 @@ def batch_input_ids(
     return ids.to(device), lengths
 
 
-def plan_shard(lengths: list[int], token_budget: int, row_bytes: int) -> BatchPlan:
+def plan_shard(lengths: list[int], token_budget: int, row_bytes: int, device_type: str = "cuda") -> BatchPlan:
     """The extraction plan: padding-aware batches, planned in windows of WINDOW_BYTES of raw states so
     that the chunks waiting for their last sample never hold more than about a window."""
-    return plan_batches(lengths, token_budget, window_tokens=max(token_budget, WINDOW_BYTES // row_bytes))
+    overhead = BATCH_OVERHEAD_TOKENS if device_type == "cuda" else CPU_BATCH_OVERHEAD_TOKENS
+    window = max(token_budget, WINDOW_BYTES // row_bytes)
+    return plan_batches(lengths, token_budget, batch_overhead_tokens=overhead, window_tokens=window)
 
 
 def stored_bytes(store: str | os.PathLike) -> int:
@@ -243,7 +245,8 @@ def extract_shard(
 
     shard = read_token_shard(token_shard)
     check_shard(shard, token_shard, int(config["vocab_size"]))
-    plan = plan_shard(np.diff(shard.sample_offsets).tolist(), token_budget, (len(layer_ids) + 1) * hidden * 2)
+    row_bytes = (len(layer_ids) + 1) * hidden * 2
+    plan = plan_shard(np.diff(shard.sample_offsets).tolist(), token_budget, row_bytes, torch_device.type)
     attrs = store_attrs(
         shard,
         token_shard,
