@@ -17,7 +17,7 @@ STAGE_VERSION = {
     "tokenize": 1,
     "vocab": 1,
     "extract": 2,
-    "train": 2,
+    "train": 3,
     "evaluate": 2,
     "export": 1,
     "validate": 1,
