@@ -18,7 +18,7 @@ STAGE_VERSION = {
     "tokenize": 1,
     "vocab": 1,
     "extract": 3,
-    "train": 2,
+    "train": 3,
     "evaluate": 2,
     "export": 2,
     "validate": 1,

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from eyas.model import drafter as drafter_module
 from eyas.model.drafter import DrafterCache, DrafterConfig, Eagle3Drafter, tree_attention
 
 torch.set_num_threads(1)
@@ -216,15 +217,18 @@ def reference_tree_attention(q, k0, v0, k_diag, v_diag):
     return torch.cat(outs, dim=2)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("chunk", [1, 3, 64])
-def test_sdpa_tree_attention_equals_reference_forward_and_backward(chunk):
+def test_sdpa_tree_attention_equals_reference_forward_and_backward(chunk, recompute, monkeypatch):
+    if recompute:  # every chunk checkpointed, as for long samples
+        monkeypatch.setattr(drafter_module, "CHECKPOINT_BYTES", 0)
     torch.manual_seed(6)
     b, h, t, d, k = 2, 2, 11, 4, 3
     args = [torch.randn(b, h, t, d) for _ in range(3)] + [torch.randn(b, h, t, k, d) for _ in range(2)]
     args = [a.requires_grad_() for a in args]
     want = reference_tree_attention(*args)
     grads_want = torch.autograd.grad(want.square().sum(), args)
-    got = tree_attention(*args, chunk=chunk)  # checkpointed SDPA chunks (grad enabled)
+    got = tree_attention(*args, chunk=chunk)  # SDPA chunks (grad enabled)
     grads_got = torch.autograd.grad(got.square().sum(), args)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     for g, w in zip(grads_got, grads_want, strict=True):

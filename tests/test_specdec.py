@@ -261,3 +261,29 @@ def test_evaluate_specdec_reports(tiny_model_dir, monkeypatch):
     mismatch = report["greedy_equal"]
     assert mismatch["mismatch_count"] == 2 and mismatch["mismatches"][0] == {"prompt": 0, "first_mismatch": 2}
     assert report["per_prompt"][1]["equal"] is False
+
+
+def test_greedy_cache_decodes_each_prompt_once_and_still_checks(tiny_model_dir, monkeypatch):
+    prompts = [[1, 42, 977], [5, 6, 7, 8, 9]]
+    kwargs = dict(max_new_tokens=8, num_draft_tokens=3, eos_token_ids={2}, aux_layer_ids=AUX)
+    real_greedy, calls = specdec.greedy_generate, []
+    monkeypatch.setattr(
+        specdec, "greedy_generate", lambda *a, **k: calls.append(a[1]) or real_greedy(*a, **k)
+    )
+    cache: dict = {}
+    first = evaluate_specdec(
+        tiny_model_dir, random_drafter(tiny_model_dir), prompts, **kwargs, greedy_cache=cache
+    )
+    decoded = len(calls)  # the warm-up + one per prompt
+    other = random_drafter(tiny_model_dir, seed=1)
+    second = evaluate_specdec(tiny_model_dir, other, prompts, **kwargs, greedy_cache=cache)
+    assert sorted(cache) == [0, 1] and len(calls) == decoded + 1  # the second call: its warm-up only
+    for report in (first, second):
+        assert report["greedy_equal"]["equal_prompts"] == 2 and report["greedy_equal"]["mismatch_count"] == 0
+    assert [r["greedy_seconds"] for r in first["per_prompt"]] == [
+        r["greedy_seconds"] for r in second["per_prompt"]
+    ]
+    # a wrong cached reference is caught, not trusted blindly
+    cache[1] = ([(cache[1][0][0] + 1) % VOCAB, *cache[1][0][1:]], cache[1][1])
+    third = evaluate_specdec(tiny_model_dir, other, prompts, **kwargs, greedy_cache=cache)
+    assert third["greedy_equal"]["mismatches"] == [{"prompt": 1, "first_mismatch": 0}]

@@ -183,8 +183,9 @@ def test_training_reduces_loss_and_writes_outputs(data, tmp_path):
     assert stats["tokens"] > 0 and stats["tokens_per_s"] > 0
 
 
-def test_resume_after_crash_matches_uninterrupted_run(data, tmp_path, monkeypatch):
-    s = settings(max_steps=5, epochs=3)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bf16 autocast: the CPU default with native bf16
+def test_resume_after_crash_matches_uninterrupted_run(data, tmp_path, monkeypatch, dtype):
+    s = settings(max_steps=5, epochs=3, dtype=dtype)
     run(data, tmp_path / "a", s)
 
     def crash(step: int) -> None:

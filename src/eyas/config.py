@@ -139,7 +139,7 @@ class TrainSettings:
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """Training device; `auto` = cuda when available."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """`auto` = bf16 autocast on CUDA, fp32 on CPU."""
+    """`auto` = bf16 autocast on CUDA and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32."""
     init_head_from_target: bool = True
     """Start lm_head from the target's lm_head rows of the draft vocab and norm from its final norm:
     the drafter's output space then starts as the target's, which short CPU runs need."""

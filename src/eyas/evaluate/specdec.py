@@ -351,6 +351,7 @@ def evaluate_specdec(
     check_equal: bool = True,
     temperature: float = 0.0,
     seed: int = 0,
+    greedy_cache: dict | None = None,
 ) -> dict:
     """Speculative vs plain decoding over `prompts`: tau, acceptance by draft position, speed.
 
@@ -360,6 +361,9 @@ def evaluate_specdec(
     sides sample (one generator seeded with `seed`), so outputs differ and equality is not checked.
     Without `check_equal` only the speculative side runs (no equality, no speedup).
     Aggregate tau = sum of verify-emitted tokens / sum of verify passes (see `SpecStats`).
+    greedy_cache: {prompt index: (plain greedy output, seconds)} shared by calls on the same prompts,
+    target and settings (e.g. one per prompt set): at temperature 0 the plain side of each prompt is
+    decoded and timed once and reused by every drafter, since it does not depend on the drafter.
     """
     target = load_target(model_dir, dtype=dtype, device=device)
     drafter = drafter.to(device=device, dtype=dtype).eval()
@@ -395,9 +399,13 @@ def evaluate_specdec(
         reached = [x + y for x, y in zip(reached, stats.position_reached, strict=True)]
         accepted = [x + y for x, y in zip(accepted, stats.position_accepted, strict=True)]
         if check_equal:
-            t0 = time.perf_counter()
-            greedy_out = plain(prompt, max_new_tokens)
-            row["greedy_seconds"] = time.perf_counter() - t0
+            cached = greedy_cache.get(index) if greedy_cache is not None and temperature == 0 else None
+            if cached is None:
+                t0 = time.perf_counter()
+                cached = plain(prompt, max_new_tokens), time.perf_counter() - t0
+                if greedy_cache is not None and temperature == 0:
+                    greedy_cache[index] = cached
+            greedy_out, row["greedy_seconds"] = cached
             totals["greedy_tokens"] += len(greedy_out)
             totals["greedy_seconds"] += row["greedy_seconds"]
         if check_output:

@@ -102,8 +102,11 @@ def run_evaluation(
             raise ValueError(f"{path}: no {set_name} prompt fits (max {max_prompt} tokens)")
         set_meta[set_name] = prompt_set.meta()
         specdec[set_name] = {}
+        greedy_cache: dict = {}  # the set's plain greedy outputs: decoded once, not once per drafter
         for name, model in drafters.items():
-            report = evaluate_specdec(model_dir, model, prompt_set.prompts, **decode)
+            report = evaluate_specdec(
+                model_dir, model, prompt_set.prompts, **decode, greedy_cache=greedy_cache
+            )
             specdec[set_name][name] = report
             log.info("%s / %s: tau %.3f, speedup %s", set_name, name, report["tau"], report["speedup"])
 
