@@ -12,9 +12,8 @@ from eyas.export import expected_tensors, export_sglang, load_export, sglang_ten
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
 
 
-@pytest.fixture()
-def drafter_dir(tmp_path):
-    cfg = DrafterConfig(
+def _config(**overrides) -> DrafterConfig:
+    fields = dict(
         hidden_size=32,
         intermediate_size=48,
         num_attention_heads=4,
@@ -27,6 +26,12 @@ def drafter_dir(tmp_path):
         draft_vocab_size=40,
         aux_layer_ids=[1, 14, 26],
     )
+    return DrafterConfig(**(fields | overrides))
+
+
+@pytest.fixture()
+def drafter_dir(tmp_path):
+    cfg = _config()
     torch.manual_seed(0)
     model = Eagle3Drafter(cfg)
     with torch.no_grad():
@@ -143,19 +148,7 @@ def test_export_reloads_and_computes_what_the_trained_model_computes(drafter_dir
 def test_deepseek_family_export_writes_sglang_ids_and_reads_them_back(tmp_path):
     # Taps [2, 14, 26] of a DeepSeek-V3/Kimi target: SGLang adds 1 only when the first id is 1, so the
     # config must say [3, 15, 27] to capture hidden_states[3, 15, 27] = the outputs of layers 2, 14, 26.
-    cfg = DrafterConfig(
-        hidden_size=32,
-        intermediate_size=48,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        rms_norm_eps=1e-5,
-        rope_theta=1e5,
-        max_position_embeddings=512,
-        vocab_size=100,
-        draft_vocab_size=100,
-        aux_layer_ids=[2, 14, 26],
-    )
+    cfg = _config(draft_vocab_size=100, aux_layer_ids=[2, 14, 26])
     torch.manual_seed(0)
     model = Eagle3Drafter(cfg)
     model.save_pretrained(tmp_path / "drafter")

@@ -72,6 +72,17 @@ def check_shard(shard: TokenShard, path: str, vocab_size: int) -> None:
         )
 
 
+def open_job(token_shard: str, model_dir: str | os.PathLike, layer_ids: list[int]):
+    """What every backend checks first: (model config, num_layers, hidden, validated layer_ids, shard)."""
+    config = read_config(model_dir)
+    text = config.get("text_config", config)  # multimodal wrappers nest the language model's config
+    num_layers, hidden = int(text["num_hidden_layers"]), int(text["hidden_size"])
+    layer_ids = validate_layer_ids(layer_ids, num_layers)
+    shard = read_token_shard(token_shard)
+    check_shard(shard, token_shard, int(text["vocab_size"]))
+    return config, num_layers, hidden, layer_ids, shard
+
+
 def store_attrs(
     shard: TokenShard,
     token_shard: str | os.PathLike,
@@ -238,13 +249,7 @@ def extract_shard(
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"extract: device {device!r} requested but CUDA is not available")
     compute_dtype = resolve_dtype(dtype, torch_device)
-    config = read_config(model_dir)
-    config = config.get("text_config", config)  # multimodal wrappers nest the language model's config
-    num_layers, hidden = int(config["num_hidden_layers"]), int(config["hidden_size"])
-    layer_ids = validate_layer_ids(layer_ids, num_layers)
-
-    shard = read_token_shard(token_shard)
-    check_shard(shard, token_shard, int(config["vocab_size"]))
+    _, num_layers, hidden, layer_ids, shard = open_job(token_shard, model_dir, layer_ids)
     row_bytes = (len(layer_ids) + 1) * hidden * 2
     plan = plan_shard(np.diff(shard.sample_offsets).tolist(), token_budget, row_bytes, torch_device.type)
     attrs = store_attrs(

@@ -30,10 +30,9 @@ import numpy as np
 import torch
 
 from eyas.atomic import atomic_file
-from eyas.capture import validate_layer_ids
 from eyas.extract.hf_backend import (
-    check_shard,
     default_writer_threads,
+    open_job,
     peak_rss_bytes,
     store_attrs,
     stored_bytes,
@@ -43,7 +42,6 @@ from eyas.extract.staging import PinnedPool, stage_batch
 from eyas.extract.writer import BatchWriter, empty_rows
 from eyas.quant import check_storage
 from eyas.store import CHUNK_TOKENS, hidden_store_writer, read_token_shard
-from eyas.target import read_config
 
 TESTED = ((0, 5, 17), (0, 5, 23))  # inclusive range the capture was built and tested against
 BUILTIN_CAPTURE_FROM = (0, 5, 22)  # `enable_return_aux_hidden_states` (capture-only mode) exists
@@ -386,14 +384,9 @@ def extract_shard_sglang(
 
     route = capture_route(sglang.__version__)
     check_storage(storage)
-    config = read_config(model_dir)
-    text = config.get("text_config", config)
-    num_layers, hidden = int(text["num_hidden_layers"]), int(text["hidden_size"])
-    layer_ids = validate_layer_ids(layer_ids, num_layers)
+    config, _, hidden, layer_ids, shard = open_job(token_shard, model_dir, layer_ids)
     model_type = text_model_type(config)
     sglang_ids = sglang_layer_ids(model_type, layer_ids)
-    shard = read_token_shard(token_shard)
-    check_shard(shard, token_shard, int(text["vocab_size"]))
     lengths = np.diff(shard.sample_offsets)
     compute_dtype = {"auto": torch.bfloat16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
     attrs = store_attrs(
