@@ -12,6 +12,15 @@ sample) and on (chunks of `--chunk` tokens, so most samples arrive in pieces), a
 requests through a plain SGLang engine with capture off; `compare` measures every store against the
 fp32 reference per tap (relative RMS error and max abs error) and writes the JSON with the commands.
 The noise floor is HF-bf16's own distance to fp32.
+
+    python bench/sglang_extract.py speed --model M --shard S --work W --out O [--dummy llama-8b]
+
+`speed` splits the cost of capture on one workload (the shard's samples repeated to `--tokens`):
+SGLang alone, SGLang with aux capture switched on but no eyas hook (what SGLang itself pays to keep
+the taps), and the eyas extract stage (hook, device encode, copy, compression, disk). `--dummy
+llama-8b` writes a Llama-3.1-8B config.json under W and starts SGLang with `load_format: dummy`
+(random weights, through `extract.sglang.engine_args`): the speed of a GPU-bound target without its
+16 GB of weights.
 """
 
 from __future__ import annotations
@@ -94,6 +103,124 @@ def _plain_engine_seconds(args, requests: list[list[int]]) -> float:
         return time.perf_counter() - start
     finally:
         engine.shutdown()
+
+
+CAPTURE_ARGS = (
+    "enable_return_aux_hidden_states",
+    "speculative_algorithm",
+    "return_aux_hidden_state_layer_ids",
+    "enable_return_hidden_states",
+)
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 128000,
+    "eos_token_id": 128009,
+}
+
+
+def _capture_only_scheduler(route: str, sglang_ids: list[int], *args, **kwargs):
+    """Scheduler process with SGLang's aux capture on (as the extract stage turns it on) but no hook."""
+    from eyas.extract import sglang_backend as backend
+
+    if route == "scheduler":
+        backend._enable_aux_capture(sglang_ids)
+        backend._keep_final_state()
+    from sglang.srt.managers.scheduler import run_scheduler_process
+
+    return run_scheduler_process(*args, **kwargs)
+
+
+def _timed_engine(engine_cls, kwargs: dict, requests: list[list[int]], per_call: int) -> float:
+    """Seconds to prefill `requests` (after a 64-request warm-up), `per_call` requests per generate."""
+    engine = engine_cls(**kwargs)
+    try:
+        engine.generate(input_ids=requests[:64], sampling_params={"max_new_tokens": 0})
+        start = time.perf_counter()
+        for lo in range(0, len(requests), per_call):
+            engine.generate(input_ids=requests[lo : lo + per_call], sampling_params={"max_new_tokens": 0})
+        return time.perf_counter() - start
+    finally:
+        engine.shutdown()
+
+
+def step_speed(args) -> None:
+    import functools
+
+    import sglang
+    from sglang.srt.entrypoints.engine import Engine
+
+    from eyas.extract.layer_conventions import sglang_layer_ids, text_model_type
+    from eyas.extract.sglang_backend import capture_route, engine_args, extract_shard_sglang
+    from eyas.store import read_token_shard
+    from eyas.target import read_config
+
+    model, extra = args.model, {}
+    if args.dummy:
+        model = args.work / f"{args.dummy}-config"
+        model.mkdir(exist_ok=True)
+        (model / "config.json").write_text(json.dumps(LLAMA_8B))
+        extra = {"load_format": "dummy"}
+    big = _repeated_shard(args.shard, args.work / "speed-tokens.zarr", args.tokens)
+    shard = read_token_shard(big)
+    requests = [shard.sample(i)[0].tolist() for i in range(shard.num_samples)]
+    layer_ids = _layer_ids(str(model))
+    route = capture_route(sglang.__version__)
+    sglang_ids = sglang_layer_ids(text_model_type(read_config(str(model))), layer_ids)
+    settings = {
+        "tp_size": 1,
+        "mem_fraction_static": 0.7,
+        "chunked_prefill_size": args.budget,
+        "attention_backend": args.attention,
+        "requests_per_call": 4096,
+        "engine_args": extra,
+    }
+    capture = engine_args(route, sglang_ids, settings, str(model), "bfloat16", False)
+    plain = {k: v for k, v in capture.items() if k not in CAPTURE_ARGS}
+    tokens = int(shard.sample_offsets[-1])
+    per_call = settings["requests_per_call"]
+    info = {"sglang_version": sglang.__version__, "route": route, "model": str(model), "tokens": tokens}
+    info["plain_seconds"] = _timed_engine(Engine, plain, requests, per_call)
+
+    class CaptureOnly(Engine):
+        run_scheduler_process_func = staticmethod(
+            functools.partial(_capture_only_scheduler, route, sglang_ids)
+        )
+
+    info["capture_only_seconds"] = _timed_engine(CaptureOnly, capture, requests, per_call)
+    info["eyas"] = extract_shard_sglang(
+        big,
+        str(args.work / "speed.zarr"),
+        str(model),
+        layer_ids=layer_ids,
+        model_id=args.dummy or "smollm2",
+        settings=settings,
+        threads=args.threads,
+    )
+    rates = {
+        "sglang_alone": tokens / info["plain_seconds"],
+        "sglang_capture_on": tokens / info["capture_only_seconds"],
+        "eyas": info["eyas"]["tokens_per_s"],
+    }
+    info["tokens_per_s"] = rates
+    info["ratio_to_sglang_alone"] = {k: v / rates["sglang_alone"] for k, v in rates.items()}
+    info["command"] = shlex.join([sys.executable, *sys.argv])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps({"tokens_per_s": rates, "ratio": info["ratio_to_sglang_alone"]}))
 
 
 def _repeated_shard(src: str, dst: Path, tokens: int) -> str:
@@ -200,7 +327,7 @@ def step_compare(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=["hf", "sglang", "compare"])
+    ap.add_argument("step", choices=["hf", "sglang", "compare", "speed"])
     ap.add_argument("--model")
     ap.add_argument("--shard")
     ap.add_argument("--work", type=Path, required=True)
@@ -209,9 +336,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2_000_000, help="tokens of the throughput workload")
     ap.add_argument("--attention", default="triton", help="SGLang attention backend")
     ap.add_argument("--out", default="bench/results/sglang-h200-smollm2.json")
+    ap.add_argument("--dummy", choices=["llama-8b"], help="speed: random weights of this shape")
+    ap.add_argument("--threads", type=int, default=16, help="speed: the job's threads (writer pool)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    {"hf": step_hf, "sglang": step_sglang, "compare": step_compare}[args.step](args)
+    steps = {"hf": step_hf, "sglang": step_sglang, "compare": step_compare, "speed": step_speed}
+    steps[args.step](args)
 
 
 if __name__ == "__main__":

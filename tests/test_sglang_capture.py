@@ -94,6 +94,22 @@ def test_engine_args_turn_capture_on_and_the_prefix_cache_off():
     assert older["disable_radix_cache"]
 
 
+def test_user_engine_args_pass_through_but_never_override_capture():
+    settings = {"tp_size": 8, "mem_fraction_static": 0.8, "chunked_prefill_size": 4096}
+    extra = {"ep_size": 8, "enable_dp_attention": True, "disable_cuda_graph": False}
+    args = engine_args(
+        "builtin", [1], settings | {"engine_args": extra}, "/m", "bfloat16", False, {*extra, "x"}
+    )
+    assert args["ep_size"] == 8 and args["enable_dp_attention"] and args["disable_cuda_graph"] is False
+    assert args["disable_radix_cache"] and args["enable_return_aux_hidden_states"]
+    for key in ("disable_radix_cache", "return_aux_hidden_state_layer_ids", "tp_size"):
+        with pytest.raises(ValueError, match=f"extract.sglang.engine_args.{key}: set by eyas"):
+            engine_args("scheduler", [1], settings | {"engine_args": {key: 1}}, "/m", "auto", False)
+    with pytest.raises(ValueError, match="engine_args.ep_sise: not a ServerArgs field"):
+        typo = settings | {"engine_args": {"ep_sise": 8}}
+        engine_args("builtin", [1], typo, "/m", "auto", False, {"ep_size"})
+
+
 def test_batch_pieces_follow_prefix_and_extend_lengths_and_skip_foreign_requests():
     rids = [request_rid(PREFIX, 7), "warmup-0", request_rid(PREFIX, 2), request_rid(PREFIX, 11)]
     pieces = batch_pieces(rids, [0, 0, 512, 0], [100, 4, 88, 1], PREFIX)

@@ -90,6 +90,10 @@ class SglangSettings:
     """SGLang attention backend (e.g. `fa3`, `flashinfer`, `triton`); null = SGLang's choice."""
     requests_per_call: int = 1024
     """Samples handed to the engine per `generate` call (the scheduler batches them itself)."""
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    """Further SGLang `ServerArgs` for the engine (e.g. `ep_size`, `enable_dp_attention`,
+    `moe_runner_backend`, `load_format`), checked against the installed SGLang's fields. The args
+    capture depends on (prefix cache off, capture mode, layer ids, tokenizer off) cannot be set here."""
 
 
 @dataclass

@@ -325,8 +325,46 @@ def scheduler_process(spec: CaptureSpec, *args, **kwargs):
 
 
 # --------------------------------------------------------------------------- the stage (job process)
+# Engine args the capture depends on, or that have keys of their own in `extract.sglang`.
+OWNED_ARGS = frozenset(
+    {
+        "model_path",
+        "tp_size",
+        "mem_fraction_static",
+        "chunked_prefill_size",
+        "attention_backend",
+        "disable_radix_cache",
+        "skip_tokenizer_init",
+        "dtype",
+        "trust_remote_code",
+        "enable_return_aux_hidden_states",
+        "enable_return_hidden_states",
+        "speculative_algorithm",
+        "return_aux_hidden_state_layer_ids",
+    }
+)
+
+
+def user_engine_args(extra: dict, known: set[str] | None) -> dict:
+    """`extract.sglang.engine_args`, refused if a key is eyas's own or (given `known`, the installed
+    ServerArgs fields) not an SGLang arg at all."""
+    for key in extra:
+        where = f"extract.sglang.engine_args.{key}"
+        if key in OWNED_ARGS:
+            raise ValueError(f"{where}: set by eyas (capture depends on it or it has its own key)")
+        if known is not None and key not in known:
+            raise ValueError(f"{where}: not a ServerArgs field of the installed sglang")
+    return dict(extra)
+
+
 def engine_args(
-    route: str, sglang_ids: list[int], settings: dict, model_dir: str, dtype: str, trust: bool
+    route: str,
+    sglang_ids: list[int],
+    settings: dict,
+    model_dir: str,
+    dtype: str,
+    trust: bool,
+    known: set[str] | None = None,
 ) -> dict:
     args = {
         "model_path": os.fspath(model_dir),
@@ -352,7 +390,16 @@ def engine_args(
         }
     else:
         args |= {"enable_return_hidden_states": True}  # FULL capture mode on every extend batch
-    return args
+    return args | user_engine_args(settings.get("engine_args") or {}, known)
+
+
+def server_arg_names() -> set[str]:
+    """The installed release's ServerArgs fields (a dataclass up to 0.5.22, a msgspec Struct after)."""
+    import inspect
+
+    from sglang.srt.server_args import ServerArgs
+
+    return set(inspect.signature(ServerArgs).parameters)
 
 
 def capture_engine_class(spec: CaptureSpec):
@@ -442,6 +489,7 @@ def extract_shard_sglang(
             model_dir,
             str(compute_dtype).removeprefix("torch."),
             trust_remote_code,
+            server_arg_names(),
         )
     )
     try:
