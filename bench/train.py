@@ -61,9 +61,9 @@ def _batch(shape: dict, rows: int, length: int, device: torch.device):
 
     h = shape["hidden"]
     g = torch.Generator().manual_seed(1)
-    return Batch(
-        aux=torch.randn(rows, length, 3 * h, generator=g),
-        final=torch.randn(rows, length, h, generator=g),
+    return Batch(  # hidden states in bf16, as the loader hands them over from a bf16 store
+        aux=torch.randn(rows, length, 3 * h, generator=g).bfloat16(),
+        final=torch.randn(rows, length, h, generator=g).bfloat16(),
         input_ids=torch.randint(0, shape["vocab"], (rows, length), generator=g),
         loss_mask=torch.ones(rows, length, dtype=torch.int64),
         valid=torch.ones(rows, length, dtype=torch.bool),
@@ -111,8 +111,9 @@ def case_train(shape_name: str, rows: int, length: int, steps: int, device_name:
     }
 
 
-def case_loader(shape_name: str, samples: int, length: int, budget: int) -> dict:
-    """Read rate of PairedLoader (prefetch thread, zarr + Blosc decode) over real stores on disk."""
+def case_loader(shape_name: str, samples: int, length: int, budget: int, readers: int, pin: bool) -> dict:
+    """Read rate of PairedLoader (reader threads, zarr + Blosc decode, pinning as the trainer on a GPU
+    asks) over real stores on disk."""
     from eyas.provenance import LAYER_ID_CONVENTION, sha256_array
     from eyas.store import bf16_to_uint16, hidden_store_writer, read_token_shard, write_token_shard
     from eyas.train.loader import PairedLoader
@@ -139,7 +140,9 @@ def case_loader(shape_name: str, samples: int, length: int, budget: int) -> dict
                 aux = torch.randn(int(n), 3 * h) * 2.0  # realistic magnitudes; mantissa bits are noise
                 writer.write_sample(s, bf16_to_uint16(aux), bf16_to_uint16(torch.randn(int(n), h)))
         os.sync()
-        loader = PairedLoader([str(tok)], [str(hid)], budget, 0, {"model_hash": "m"})
+        loader = PairedLoader(
+            [str(tok)], [str(hid)], budget, 0, {"model_hash": "m"}, pin_memory=pin, readers=readers
+        )
         plan = loader.plan(0)
         start = time.perf_counter()
         tokens = sum(b.num_tokens for b in loader.batches(plan))
@@ -191,6 +194,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="CPU threads per case")
     ap.add_argument("--steps", type=int, default=3, help="timed trainer steps per case (after 1 warm-up)")
     ap.add_argument("--long", default="8192,32768,65536", help="one-sample lengths at the 8B shape (GPU)")
+    ap.add_argument("--readers", default="1,4", help="loader reader threads to compare (comma list)")
     args = ap.parse_args()
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
     device = "cpu" if device == "auto" else device
@@ -214,11 +218,23 @@ def main() -> None:
         ttt=7,
     )
     cases.append(train_small)
-    loader_small = run_case(
-        "loader", args.threads, shape_name="smollm2", samples=48, length=1024, budget=1024
-    )
-    cases.append(loader_small)
-    ratios = {"smollm2": _ratio(loader_small, train_small)}
+    pin = device == "cuda"
+    readers = [int(r) for r in args.readers.split(",")]
+    small = [
+        run_case(
+            "loader",
+            args.threads,
+            shape_name="smollm2",
+            samples=48,
+            length=1024,
+            budget=1024,
+            readers=r,
+            pin=pin,
+        )
+        for r in readers
+    ]
+    cases += small
+    ratios = {f"smollm2 readers={c['readers']}": _ratio(c, train_small) for c in small}
     if device == "cuda":
         # ... and at the 8B shape: throughput at a 16k-token budget, loader rate, long samples.
         train_big = run_case(
@@ -231,9 +247,21 @@ def main() -> None:
             device_name=device,
             ttt=7,
         )
-        loader_big = run_case("loader", args.threads, shape_name="8b", samples=24, length=4096, budget=16384)
-        cases += [train_big, loader_big]
-        ratios["8b"] = _ratio(loader_big, train_big)
+        big = [
+            run_case(
+                "loader",
+                args.threads,
+                shape_name="8b",
+                samples=48,
+                length=4096,
+                budget=16384,
+                readers=r,
+                pin=True,
+            )
+            for r in readers
+        ]
+        cases += [train_big, *big]
+        ratios |= {f"8b readers={c['readers']}": _ratio(c, train_big) for c in big}
         for length in (int(x) for x in args.long.split(",")):
             cases.append(
                 run_case(

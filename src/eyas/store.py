@@ -20,6 +20,7 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from eyas.atomic import atomic_dir
+from eyas.chunk_rows import ChunkRows, direct_readable
 from eyas.quant import SCALE_RULE, check_storage, fp8_dequantize
 
 TOKENS_FORMAT = "eyas.tokens/1"
@@ -345,6 +346,13 @@ class HiddenStore:
         self.final = self.group["final"]
         self.scale = self.group["scale"] if self.storage == "fp8_e4m3" else None
         self.sample_offsets = self.group["sample_offsets"][:]
+        # Row readers: straight from the chunk files where the layout is eyas's own (parallel
+        # across threads), else zarr's slicing.
+        self._rows = {
+            name: ChunkRows(array, self.path / name).rows if direct_readable(array) else _zarr_rows(array)
+            for name, array in (("aux", self.aux), ("final", self.final), ("scale", self.scale))
+            if array is not None
+        }
 
     @property
     def num_samples(self) -> int:
@@ -354,15 +362,20 @@ class HiddenStore:
         """(aux [T, K*H], final [T, H]): bf16 tensors from a bf16 store, float32 ones (dequantized)
         from an fp8 store."""
         lo, hi = int(self.sample_offsets[index]), int(self.sample_offsets[index + 1])
+        rows = self._rows
         if self.scale is None:
-            return uint16_to_bf16(self.aux[lo:hi]), uint16_to_bf16(self.final[lo:hi])
-        scale = torch.from_numpy(self.scale[lo:hi])  # [T, K+1]
-        aux = torch.from_numpy(self.aux[lo:hi])  # [T, K*H] uint8
-        final = torch.from_numpy(self.final[lo:hi])  # [T, H] uint8
+            return uint16_to_bf16(rows["aux"](lo, hi)), uint16_to_bf16(rows["final"](lo, hi))
+        scale = torch.from_numpy(rows["scale"](lo, hi))  # [T, K+1]
+        aux = torch.from_numpy(rows["aux"](lo, hi))  # [T, K*H] uint8
+        final = torch.from_numpy(rows["final"](lo, hi))  # [T, H] uint8
         taps = scale.shape[1] - 1
         width = self.aux.shape[1] // taps  # explicit: a zero-length sample has no -1 to infer
         aux = fp8_dequantize(aux.view(hi - lo, taps, width), scale[:, :taps]).reshape(hi - lo, taps * width)
         return aux, fp8_dequantize(final, scale[:, taps])
+
+
+def _zarr_rows(array: zarr.Array) -> Callable[[int, int], np.ndarray]:
+    return lambda lo, hi: array[lo:hi]
 
 
 def list_hidden_stores(directory: str | os.PathLike, num_shards: int) -> tuple[list[Path], list[int]]:

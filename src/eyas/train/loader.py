@@ -1,16 +1,20 @@
 """Streaming batches of whole samples over (token shard, hidden store) pairs.
 
 Token shards are small (5 bytes/token) and are read whole to plan batches; hidden states are read
-lazily, sample by sample, from zarr stores opened in the iterating thread (FACTS §2: open inside the
-worker). Batches are right-padded rows of single samples, so the drafter needs no attention mask.
-The plan of an epoch depends only on (seed, epoch): a resumed run skips batches without reading them.
+lazily, sample by sample, by a few reader threads, each with its own open zarr stores (FACTS §2:
+open inside the worker); Blosc decoding releases the GIL, so the readers decode in parallel and
+batches still come out in plan order. Hidden states stay in the store's dtype (bf16: half the
+bytes to pin and copy) and become float32 on the device (`Batch.to`). Batches are right-padded
+rows of single samples, so the drafter needs no attention mask. The plan of an epoch depends only
+on (seed, epoch): a resumed run skips batches without reading them.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,8 +31,8 @@ MIN_LENGTH = 3  # a sample needs t + 2 < T for one loss position
 
 @dataclass
 class Batch:
-    aux: Tensor  # [B, T, K*H] float32
-    final: Tensor  # [B, T, H] float32
+    aux: Tensor  # [B, T, K*H] bf16 (bf16 store) or float32 (fp8 store, dequantized)
+    final: Tensor  # [B, T, H] same dtype as aux
     input_ids: Tensor  # [B, T] int64, 0 past each row's length
     loss_mask: Tensor  # [B, T] int64
     valid: Tensor  # [B, T] bool, True on real tokens
@@ -42,7 +46,10 @@ class Batch:
         return Batch(*(getattr(self, f).pin_memory() for f in self.__dataclass_fields__))
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(*(getattr(self, f).to(device, non_blocking=True) for f in self.__dataclass_fields__))
+        """On `device`, hidden states as float32 (the cast runs there, after the smaller copy)."""
+        moved = {f: getattr(self, f).to(device, non_blocking=True) for f in self.__dataclass_fields__}
+        moved["aux"], moved["final"] = moved["aux"].float(), moved["final"].float()
+        return Batch(**moved)
 
 
 class PairedLoader:
@@ -50,7 +57,8 @@ class PairedLoader:
 
     expected: provenance fields every hidden store must carry (`check_provenance`); the subset in
     TOKEN_FIELDS is also checked on the token shards. Samples shorter than MIN_LENGTH or without a
-    trainable token at index >= 2 are skipped (they can carry no loss).
+    trainable token at index >= 2 are skipped (they can carry no loss). prefetch: batches read ahead
+    (0 = read in the caller's thread); readers: threads reading those batches.
     """
 
     def __init__(
@@ -62,15 +70,19 @@ class PairedLoader:
         expected: dict,
         prefetch: int = 2,
         pin_memory: bool = False,
+        readers: int = 4,
     ):
         if len(token_shards) != len(hidden_stores):
             raise ValueError(f"{len(token_shards)} token shards but {len(hidden_stores)} hidden stores")
         if token_budget < MIN_LENGTH:
             raise ValueError(f"token_budget={token_budget} is too small")
+        if readers < 1:
+            raise ValueError(f"readers={readers} must be >= 1")
         self.hidden_paths = list(hidden_stores)
         self.token_budget = token_budget
         self.seed = seed
         self.prefetch = prefetch
+        self.readers = readers
         self.pin_memory = pin_memory  # page-locked batches: the host-to-GPU copy can run async
         self.tokens = []  # per pair: (input_ids, loss_mask, offsets) numpy
         samples = []  # (pair, sample, length)
@@ -127,7 +139,7 @@ class PairedLoader:
             for rows in plan:
                 yield self._read(rows, stores)
             return
-        yield from _prefetched(self, plan, self.prefetch)
+        yield from _prefetched(self, plan, max(self.prefetch, self.readers), self.readers)
 
     def _read(self, rows: np.ndarray | None, stores: dict[int, HiddenStore]) -> Batch | None:
         if rows is None:
@@ -135,16 +147,16 @@ class PairedLoader:
         picks = self.samples[rows]
         t_max = int(picks[:, 2].max())
         b = len(picks)
-        first = self._store(int(picks[0, 0]), stores)
-        width_aux, width_final = first.aux.shape[1], first.final.shape[1]
-        aux = torch.zeros(b, t_max, width_aux)
-        final = torch.zeros(b, t_max, width_final)
         ids = torch.zeros(b, t_max, dtype=torch.int64)
         mask = torch.zeros(b, t_max, dtype=torch.int64)
+        aux = final = None
         for row, (pair, s, length) in enumerate(picks.tolist()):
-            a, f = self._store(pair, stores).sample(s)  # bf16 [T, K*H], [T, H]
-            aux[row, :length] = a.float()
-            final[row, :length] = f.float()
+            a, f = self._store(pair, stores).sample(s)  # [T, K*H], [T, H]: bf16, or float32 from fp8
+            if aux is None:
+                aux = a.new_zeros(b, t_max, a.shape[1])
+                final = f.new_zeros(b, t_max, f.shape[1])
+            aux[row, :length] = a
+            final[row, :length] = f
             input_ids, loss_mask, offsets = self.tokens[pair]
             lo = int(offsets[s])
             ids[row, :length] = torch.from_numpy(input_ids[lo : lo + length].astype(np.int64))
@@ -174,34 +186,32 @@ def check_pair(shard, store: HiddenStore, tok_path: str, hid_path: str, expected
     check_provenance(shard.attrs, {k: v for k, v in expected.items() if k in TOKEN_FIELDS}, tok_path)
 
 
-def _prefetched(loader: PairedLoader, plan: list[np.ndarray | None], depth: int) -> Iterator[Batch | None]:
-    """Read batches in one background thread (zarr/Blosc decoding overlaps the training step)."""
-    out: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
+def _prefetched(
+    loader: PairedLoader, plan: list[np.ndarray | None], depth: int, readers: int
+) -> Iterator[Batch | None]:
+    """Read up to `depth` batches ahead on `readers` threads; yield them in plan order."""
+    local = threading.local()  # each reader thread opens its own stores
 
-    def work() -> None:
-        stores: dict[int, HiddenStore] = {}  # opened in this thread, as FACTS §2 advises
-        try:
-            for rows in plan:
-                if stop.is_set():
-                    return
-                out.put(loader._read(rows, stores))
-            out.put(done)
-        except BaseException as exc:  # hand the error to the consumer
-            out.put(exc)
+    def read(rows: np.ndarray | None) -> Batch | None:
+        if not hasattr(local, "stores"):
+            local.stores = {}
+        return loader._read(rows, local.stores)
 
-    thread = threading.Thread(target=work, daemon=True, name="eyas-loader")
-    thread.start()
+    pool = ThreadPoolExecutor(readers, thread_name_prefix="eyas-loader")
+    pending: deque = deque()
+    todo = iter(plan)
     try:
-        while (item := out.get()) is not done:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        for rows in todo:
+            pending.append(pool.submit(read, rows))
+            if len(pending) >= depth:
+                break
+        while pending:
+            batch = pending.popleft().result()  # re-raises a reader's error here
+            for rows in todo:  # keep `depth` in flight
+                pending.append(pool.submit(read, rows))
+                break
+            yield batch
     finally:
-        stop.set()
-        while thread.is_alive():  # unblock a put() waiting on a full queue
-            try:
-                out.get_nowait()
-            except queue.Empty:
-                thread.join(timeout=0.05)
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True)

@@ -16,6 +16,7 @@ import csv
 import dataclasses
 import logging
 import math
+import os
 import shutil
 import time
 from contextlib import nullcontext
@@ -143,6 +144,14 @@ class Teacher:
         self.t2d = t2d.to(device)  # [V] bool
 
 
+def loader_readers(device: torch.device, threads: int | None) -> int:
+    """Reader threads of the loader: one on CPU, where the step needs every core; on a GPU host
+    half the job's threads, up to 8 (Blosc decoding scales with threads: bench/README.md)."""
+    if device.type != "cuda":
+        return 1
+    return max(1, min(8, (threads or os.cpu_count() or 2) // 2))
+
+
 # --------------------------------------------------------------------------- one optimizer step
 def train_step(model, teacher: Teacher, micro, settings, amp, world: ddp.World, device) -> dict:
     """Forward/backward of this rank's micro-batches (None = padding), gradients summed over ranks.
@@ -255,6 +264,7 @@ def train(
         settings.seed,
         expected_provenance,
         pin_memory=device.type == "cuda",
+        readers=loader_readers(device, settings.threads),
     )
     d2t, t2d, vocab_meta = load_draft_vocab(vocab_path)
     attrs = _check_inputs(loader, hidden_stores, vocab_meta, settings)
