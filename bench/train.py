@@ -103,7 +103,14 @@ def case_train(shape_name: str, rows: int, length: int, steps: int, device_name:
         if i:
             times.append(time.perf_counter() - start)
     seconds = float(np.median(times))
+    from eyas.model.drafter import mlp_recompute_needed
+    from eyas.train.trainer import activation_budget
+
+    elsize = 2 if amp is not None else 4
     return {
+        "mlp_recompute": mlp_recompute_needed(
+            rows * length, shape["inter"], ttt, elsize, activation_budget(device)
+        ),
         "tokens_per_step": rows * length,
         "seconds_per_step": seconds,
         "tokens_per_s": rows * length / seconds,

@@ -233,3 +233,30 @@ def test_sdpa_tree_attention_equals_reference_forward_and_backward(chunk, recomp
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     for g, w in zip(grads_got, grads_want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_mlp_recompute_gives_the_same_loss_and_gradients(drafter):
+    """Checkpointing each TTT step's MLP block changes memory, not results (bitwise on CPU)."""
+    torch.manual_seed(3)
+    aux, ids = torch.randn(2, 10, 96), torch.randint(0, 100, (2, 10))
+    results = []
+    for recompute in (False, True):
+        drafter.zero_grad(set_to_none=True)
+        hidden = drafter.ttt_hidden(aux, ids, 3, recompute_mlp=recompute)
+        loss = sum((h.float() ** 2).mean() * (0.8**k) for k, h in enumerate(hidden))
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), grads))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert torch.equal(loss_a, loss_b) and grads_a.keys() == grads_b.keys() and len(grads_a) > 5
+    for name in grads_a:
+        assert torch.equal(grads_a[name], grads_b[name]), name
+
+
+def test_mlp_recompute_rule():
+    from eyas.model.drafter import mlp_recompute_needed
+
+    quarter_h200 = 139.8 * 2**30 / 4
+    assert not mlp_recompute_needed(4 * 4096, 14336, 7, 2, quarter_h200)  # 13.2 GB kept
+    assert mlp_recompute_needed(65536, 14336, 7, 2, quarter_h200)  # 52.6 GB recomputed
+    assert not mlp_recompute_needed(10**9, 14336, 7, 4, float("inf"))  # CPU: never

@@ -221,6 +221,12 @@ def tree_attention(
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
+def mlp_recompute_needed(tokens: int, intermediate: int, steps: int, element_size: int, budget: int) -> bool:
+    """Whether the MLP intermediates the TTT unroll would keep for backward (gate, up, their
+    activation and product: 4 x [tokens, I] per step) exceed `budget` bytes."""
+    return 4 * tokens * intermediate * steps * element_size > budget
+
+
 def _chunk_copy_bytes(k_diag: Tensor, t_len: int, chunk: int) -> int:
     """Bytes of the keys + values that `_tree_chunk` concatenates, summed over all chunks."""
     b, h, _, steps, hd = k_diag.shape
@@ -403,7 +409,9 @@ class Eagle3Drafter(nn.Module):
         """Per-step logits [B, T, D] of `ttt_hidden` (evaluation; training never builds these)."""
         return [self._logits(h) for h in self.ttt_hidden(aux, input_ids, steps)]
 
-    def ttt_hidden(self, aux: Tensor, input_ids: Tensor, steps: int) -> list[Tensor]:
+    def ttt_hidden(
+        self, aux: Tensor, input_ids: Tensor, steps: int, recompute_mlp: bool = False
+    ) -> list[Tensor]:
         """Training-time test: `steps` chained drafting steps at every index of a right-padded batch.
 
         aux [B, T, 3H], input_ids [B, T] (position t of row b is token t of its sample, positions
@@ -412,6 +420,9 @@ class Eagle3Drafter(nn.Module):
         t + 2 + k. Right padding needs no mask: causal attention never lets a real position see a pad.
         Returns per-step pre-norm hidden states, each [B, T, H] (logits = lm_head(norm(h)): the loss
         computes them in row chunks, so [B, T, D] per step never exists during training).
+        recompute_mlp: checkpoint each step's residual + MLP block (`DecoderLayer.finish`): backward
+        recomputes it instead of keeping its [B, T, I] intermediates for every step, the largest
+        activations of a long sample (`mlp_recompute_needed`).
         """
         b, t = input_ids.shape
         layer = self.layers[0]
@@ -439,7 +450,11 @@ class Eagle3Drafter(nn.Module):
                 v_diag.append(value)
                 kd, vd = torch.stack(k_diag, dim=3), torch.stack(v_diag, dim=3)  # [B, nH, T, k, hd]
             out = tree_attention(q, k0, v0, kd, vd)  # [B, nH, T, hd]
-            hidden = layer.finish(attn.project_out(out), hidden)  # [B, T, H], fed to step k + 1
+            attn_out = attn.project_out(out)  # [B, T, H]
+            if recompute_mlp and torch.is_grad_enabled():
+                hidden = checkpoint(layer.finish, attn_out, hidden, use_reentrant=False)
+            else:
+                hidden = layer.finish(attn_out, hidden)  # [B, T, H], fed to step k + 1
             step_hidden.append(hidden)
         return step_hidden
 
