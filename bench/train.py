@@ -202,6 +202,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="timed trainer steps per case (after 1 warm-up)")
     ap.add_argument("--long", default="8192,32768,65536", help="one-sample lengths at the 8B shape (GPU)")
     ap.add_argument("--readers", default="1,4", help="loader reader threads to compare (comma list)")
+    ap.add_argument(
+        "--only", default="small,big-train,big-loader,long", help="case groups to run (comma list)"
+    )
     args = ap.parse_args()
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
     device = "cpu" if device == "auto" else device
@@ -212,76 +215,79 @@ def main() -> None:
         "cases": [],
     }
     cases = results["cases"]
+    only = set(args.only.split(","))
     cases.append(run_case("baseline", args.threads, device_name=device))
-    # Trainer throughput at the default job's shape (SmolLM2, token_budget 1024 = 1 x 1024) ...
-    train_small = run_case(
-        "train",
-        args.threads,
-        shape_name="smollm2",
-        rows=1,
-        length=1024,
-        steps=args.steps,
-        device_name=device,
-        ttt=7,
-    )
-    cases.append(train_small)
     pin = device == "cuda"
     readers = [int(r) for r in args.readers.split(",")]
-    small = [
-        run_case(
-            "loader",
-            args.threads,
-            shape_name="smollm2",
-            samples=48,
-            length=1024,
-            budget=1024,
-            readers=r,
-            pin=pin,
-        )
-        for r in readers
-    ]
-    cases += small
-    ratios = {f"smollm2 readers={c['readers']}": _ratio(c, train_small) for c in small}
-    if device == "cuda":
-        # ... and at the 8B shape: throughput at a 16k-token budget, loader rate, long samples.
-        train_big = run_case(
+    ratios = {}
+    train_small = train_big = None
+    # Trainer throughput at the default job's shape (SmolLM2, token_budget 1024 = 1 x 1024) ...
+    if "small" in only:
+        train_small = run_case(
             "train",
             args.threads,
-            shape_name="8b",
-            rows=4,
-            length=4096,
+            shape_name="smollm2",
+            rows=1,
+            length=1024,
             steps=args.steps,
             device_name=device,
             ttt=7,
         )
-        big = [
+        cases.append(train_small)
+        small = [
             run_case(
                 "loader",
                 args.threads,
-                shape_name="8b",
+                shape_name="smollm2",
                 samples=48,
-                length=4096,
-                budget=16384,
+                length=1024,
+                budget=1024,
                 readers=r,
-                pin=True,
+                pin=pin,
             )
             for r in readers
         ]
-        cases += [train_big, *big]
-        ratios |= {f"8b readers={c['readers']}": _ratio(c, train_big) for c in big}
-        for length in (int(x) for x in args.long.split(",")):
-            cases.append(
+        cases += small
+        ratios |= {f"smollm2 readers={c['readers']}": _ratio(c, train_small) for c in small}
+    if device == "cuda":
+        # ... and at the 8B shape: throughput at a 16k-token budget, loader rate, long samples.
+        if "big-train" in only:
+            train_big = run_case(
+                "train", args.threads, shape_name="8b", rows=4, length=4096, steps=args.steps,
+                device_name=device, ttt=7,
+            )  # fmt: skip
+            cases.append(train_big)
+        if "big-loader" in only:
+            big = [
                 run_case(
-                    "train",
+                    "loader",
                     args.threads,
                     shape_name="8b",
-                    rows=1,
-                    length=length,
-                    steps=1,
-                    device_name=device,
-                    ttt=7,
+                    samples=48,
+                    length=4096,
+                    budget=16384,
+                    readers=r,
+                    pin=True,
+                )  # fmt: skip
+                for r in readers
+            ]
+            cases += big
+            if train_big is not None:
+                ratios |= {f"8b readers={c['readers']}": _ratio(c, train_big) for c in big}
+        if "long" in only:
+            for length in (int(x) for x in args.long.split(",")):
+                cases.append(
+                    run_case(
+                        "train",
+                        args.threads,
+                        shape_name="8b",
+                        rows=1,
+                        length=length,
+                        steps=1,
+                        device_name=device,
+                        ttt=7,
+                    )  # fmt: skip
                 )
-            )
     results["loader_over_trainer"] = ratios
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
