@@ -7,26 +7,15 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_drafter import tiny_config  # tests/ is on sys.path (rootdir conftest, no package)
 
 from eyas.export import expected_tensors, export_sglang, load_export, sglang_tensors, validate_tensors
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
 
 
 def _config(**overrides) -> DrafterConfig:
-    fields = dict(
-        hidden_size=32,
-        intermediate_size=48,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        rms_norm_eps=1e-5,
-        rope_theta=1e5,
-        max_position_embeddings=512,
-        vocab_size=100,
-        draft_vocab_size=40,
-        aux_layer_ids=[1, 14, 26],
-    )
-    return DrafterConfig(**(fields | overrides))
+    fields = dict(rope_theta=1e5, max_position_embeddings=512, aux_layer_ids=[1, 14, 26])
+    return tiny_config(**(fields | overrides))
 
 
 @pytest.fixture()
