@@ -39,8 +39,8 @@ rule specdec:
     threads: max(1, all_cores() // len(EYAS.evaluate.sets))
     resources:
         gpu=use_gpu(EYAS.evaluate.device),
-        mem_mb=4000,  # fp32 target (0.5 GB at 135M) + the drafters + KV caches of one prompt at a time
-        runtime=60,  # minutes; the default job's set takes a few minutes on 1 CPU core
+        mem_mb=4000,  # fp32 target + drafters + KV caches; default job: max RSS 1.3 GB per set
+        runtime=60,  # minutes; the default job's sets take 3-4 min each on 1 CPU core
     params:
         settings=vars(EYAS.evaluate) | {"baselines": None},
         baseline_names=[b.name for b in EYAS.evaluate.baselines],
