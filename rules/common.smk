@@ -19,7 +19,7 @@ STAGE_VERSION = {
     "vocab": 1,
     "extract": 3,
     "train": 3,
-    "evaluate": 2,
+    "evaluate": 3,
     "export": 2,
     "validate": 1,
 }
@@ -95,10 +95,17 @@ def conversations_of(wildcards):
     return f"results/{stage}/{wildcards.split}.jsonl"
 
 
-def eval_set_paths():
-    """Each configured evaluation set's prompt file, in config order."""
-    files = {"heldout": "results/prepared/eval.jsonl", "humaneval": "results/assets/eval/humaneval.jsonl"}
-    return [files[name] for name in EYAS.evaluate.sets]
+EVAL_SET_FILES = {"heldout": "results/prepared/eval.jsonl", "humaneval": "results/assets/eval/humaneval.jsonl"}
+
+
+def eval_set_path(wildcards):
+    """The prompt file of evaluation set `{set}`."""
+    return EVAL_SET_FILES[wildcards.set]
+
+
+def specdec_jsons():
+    """Each configured evaluation set's speculative decoding result, in config order."""
+    return [f"results/eval/specdec/{name}.json" for name in EYAS.evaluate.sets]
 
 
 def benchmark_files():
@@ -109,6 +116,7 @@ def benchmark_files():
     for split in SPLITS:
         files.append(f"results/benchmarks/tokenize/{split}.tsv")
         files += [f"results/benchmarks/extract/{split}-{i:05d}.tsv" for i in range(num_shards(split))]
+    files += [f"results/benchmarks/specdec/{name}.tsv" for name in EYAS.evaluate.sets]
     return files
 
 

@@ -1,4 +1,5 @@
-"""Offline metrics and real speculative decoding of the trained drafter and baselines on each eval set."""
+"""Offline metrics of the trained drafter and baselines, merged with the per-set speculative decoding
+JSONs (scripts/specdec.py) into summary.json and the acceptance plot."""
 
 import json
 from pathlib import Path
@@ -10,7 +11,7 @@ sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "evaluate")
 summary = run_evaluation(
     drafter_dir=sm.input.drafter,
-    set_paths=dict(zip(sm.params.set_names, sm.input.sets, strict=True)),
+    specdec_paths=dict(zip(sm.params.set_names, sm.input.specdec, strict=True)),
     token_shards=sorted(str(p) for p in Path(sm.input.tokens).glob("shard-*.zarr")),
     hidden_stores=list(sm.input.stores),
     model_dir=sm.input.model,
@@ -22,6 +23,5 @@ summary = run_evaluation(
         {"name": n, "path": p} for n, p in zip(sm.params.baseline_names, sm.input.baselines, strict=True)
     ],
     threads=sm.threads,
-    trust_remote_code=sm.params.trust_remote_code,
 )
 log.info("evaluate: tau by set %s", json.dumps(summary["headline"]["tau_by_set"]))

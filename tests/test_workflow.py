@@ -31,6 +31,7 @@ ALL_RULES = {
     "vocab",
     "extract",
     "train",
+    "specdec",
     "evaluate",
     "fetch_humaneval",
     "report_figures",
@@ -79,6 +80,7 @@ def test_dry_run_lists_every_stage(workdir):
     assert (
         jobs["extract"] == 3 and jobs["validate"] == 3 and jobs["tokenize"] == 2 and jobs["fetch_data"] == 2
     )
+    assert jobs["specdec"] == 2 and jobs["evaluate"] == 1  # one decoding job per evaluation set
 
 
 def test_full_run_then_nothing_to_do(workdir):
@@ -93,6 +95,8 @@ def test_full_run_then_nothing_to_do(workdir):
     assert all(t >= 1.0 for taus in headline["tau_by_set"].values() for t in taus.values())
     for name in ("tau.png", "loss.png", "throughput.png", "tau_table.tsv", "throughput.tsv"):
         assert (results / "eval" / name).stat().st_size > 0, name
+    rows = [line.split("\t") for line in (results / "eval" / "throughput.tsv").read_text().splitlines()]
+    assert rows[0][:2] == ["stage", "jobs"] and ["specdec", "2"] in [r[:2] for r in rows]  # both sets' jobs
 
     stats = json.loads((results / "prepared" / "stats.json").read_text())
     assert stats["read"] == stats["kept"] + stats["rejected"] + stats["over_cap"]
@@ -123,6 +127,7 @@ def test_forcerun_one_shard_reruns_exactly_it_and_its_dependants(workdir):
         "extract": 1,
         "validate": 1,
         "train": 1,
+        "specdec": 2,
         "evaluate": 1,
         "report_figures": 1,
         "export_sglang": 1,

@@ -24,7 +24,7 @@ from safetensors.numpy import load_file
 REPO = Path(__file__).parents[2]
 CONFIG = REPO / "tests" / "workflow" / "config.yaml"
 SPLITS = {"train": 2, "eval": 1}  # shards per split in tests/workflow/config.yaml
-GPU_RULES = {"extract": 3, "train": 1, "evaluate": 1}  # GPU jobs under profiles/slurm
+GPU_RULES = {"extract": 3, "train": 1, "specdec": 2, "evaluate": 1}  # GPU jobs under profiles/slurm
 
 pytestmark = [
     pytest.mark.cluster,

@@ -1,5 +1,13 @@
 """The evaluate stage: the trained drafter, an untrained baseline and any configured baseline drafters,
-offline (simulated tau on the held-out stores) and in real speculative decoding on each prompt set."""
+offline (simulated tau on the held-out stores) and in real speculative decoding on each prompt set.
+
+Two steps, so the prompt sets decode in parallel jobs (CPU decoding is memory-latency bound: two
+1-thread processes decode more tokens/s together than one 2-thread process):
+- `run_specdec_set`: one prompt set, every drafter -> one JSON (format `SPECDEC_SET_FORMAT`) holding
+  the set's meta, each drafter's report, and the identity of the drafters and settings it used;
+- `run_evaluation`: offline metrics per drafter, then the per-set JSONs (refused when made with other
+  drafters or settings, naming the file and the field) -> `summary.json` and the acceptance plot.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +18,31 @@ from pathlib import Path
 
 import torch
 
+from eyas.atomic import atomic_file
 from eyas.evaluate.offline import evaluate_offline
 from eyas.evaluate.sets import load_prompt_set
 from eyas.evaluate.specdec import evaluate_specdec
-from eyas.evaluate.summary import write_summary
+from eyas.evaluate.summary import _finite, write_summary
 from eyas.model.drafter import Eagle3Drafter
-from eyas.provenance import DRAFTER_PROVENANCE
+from eyas.provenance import DRAFTER_PROVENANCE, sha256_file
 from eyas.target import load_embed_and_head, load_tokenizer, resolve_device
 
 log = logging.getLogger("eyas.evaluate")
+
+SPECDEC_SET_FORMAT = "eyas.specdec_set/1"
+# fp32 everywhere: bf16 rounding differs between 1-token and k-token forwards, so greedy equality
+# (the correctness check of speculative decoding) only holds in fp32 (measured on the H200).
+DTYPE = torch.float32
+UNTRAINED_SEED = 0
+# The settings a per-set JSON must share with the merge (the rest of `settings` is device placement).
+SPECDEC_SETTINGS = ("num_prompts", "max_new_tokens", "num_draft_tokens", "temperature", "seed")
+
+
+def specdec_settings(settings: dict) -> dict:
+    """The `SPECDEC_SETTINGS` of an `evaluate` config section (temperature 0 and seed 0 if unset)."""
+    return {"temperature": 0.0, "seed": 0} | {
+        key: settings[key] for key in SPECDEC_SETTINGS if key in settings
+    }
 
 
 def untrained_like(drafter: Eagle3Drafter, model_dir: str | os.PathLike, seed: int = 0) -> Eagle3Drafter:
@@ -43,10 +67,111 @@ def _load_baseline(name: str, path: str, expected: dict) -> Eagle3Drafter:
     return Eagle3Drafter.from_pretrained(path).eval()
 
 
+def load_drafters(
+    drafter_dir: str, model_dir: str, baselines: list[dict] | None
+) -> tuple[dict[str, Eagle3Drafter], dict, dict]:
+    """{name: drafter} (trained, untrained, baselines in config order), the trained drafter's
+    provenance (`DRAFTER_PROVENANCE` fields) and the identity a per-set JSON must match: provenance,
+    the weights' sha256 of the trained drafter and of each baseline, the untrained drafter's seed."""
+    drafter = Eagle3Drafter.from_pretrained(drafter_dir).eval()
+    drafter_meta = json.loads((Path(drafter_dir) / "config.json").read_text())
+    expected = {field: drafter_meta[field] for field in DRAFTER_PROVENANCE}
+    drafters = {"trained": drafter, "untrained": untrained_like(drafter, model_dir, UNTRAINED_SEED)}
+    for item in baselines or []:
+        drafters[item["name"]] = _load_baseline(item["name"], item["path"], expected)
+    identity = {
+        **{f"drafter_{k}": v for k, v in expected.items()},
+        "drafter_sha256": sha256_file(Path(drafter_dir) / "model.safetensors"),
+        "untrained_seed": UNTRAINED_SEED,
+        "baselines_sha256": {
+            item["name"]: sha256_file(Path(item["path"]) / "model.safetensors") for item in baselines or []
+        },
+    }
+    return drafters, expected, identity
+
+
+def run_specdec_set(
+    *,
+    set_name: str,
+    set_path: str,
+    drafter_dir: str,
+    model_dir: str,
+    out_json: str,
+    settings: dict,
+    baselines: list[dict] | None = None,
+    threads: int | None = None,
+    trust_remote_code: bool = False,
+) -> dict:
+    """Real speculative decoding of every drafter on one prompt set (plain greedy decoded once, shared
+    by all drafters); writes `out_json` atomically and returns its dict."""
+    if threads:
+        torch.set_num_threads(threads)
+    device = resolve_device(settings["device"])
+    chosen = specdec_settings(settings)
+    drafters, _, identity = load_drafters(drafter_dir, model_dir, baselines)
+    config = drafters["trained"].config
+    tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
+    max_prompt = config.max_position_embeddings - chosen["max_new_tokens"] - 2 * chosen["num_draft_tokens"]
+    prompt_set = load_prompt_set(set_name, set_path, tokenizer, chosen["num_prompts"], max_prompt)
+    if not prompt_set.prompts:
+        raise ValueError(f"{set_path}: no {set_name} prompt fits (max {max_prompt} tokens)")
+    decode = dict(
+        max_new_tokens=chosen["max_new_tokens"],
+        num_draft_tokens=chosen["num_draft_tokens"],
+        eos_token_ids={tokenizer.eos_token_id},
+        aux_layer_ids=config.aux_layer_ids,
+        device=device,
+        dtype=DTYPE,
+        temperature=chosen["temperature"],
+        seed=chosen["seed"],
+    )
+    reports = {}
+    greedy_cache: dict = {}  # the set's plain greedy outputs: decoded once, not once per drafter
+    for name, model in drafters.items():
+        reports[name] = evaluate_specdec(
+            model_dir, model, prompt_set.prompts, **decode, greedy_cache=greedy_cache
+        )
+        log.info(
+            "%s / %s: tau %.3f, speedup %s", set_name, name, reports[name]["tau"], reports[name]["speedup"]
+        )
+    result = {
+        "format": SPECDEC_SET_FORMAT,
+        "set": set_name,
+        "meta": prompt_set.meta(),
+        "device": device,
+        "dtype": str(DTYPE).removeprefix("torch."),
+        "settings": chosen,
+        "identity": identity,
+        "reports": _finite(reports),
+    }
+    with atomic_file(out_json) as fh:
+        fh.write(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    return result
+
+
+def read_specdec_set(path: str, set_name: str, settings: dict, identity: dict) -> dict:
+    """A per-set JSON, refused (naming the file and the field) unless it was made for `set_name` with
+    these drafters (`identity` of `load_drafters`) and these settings."""
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != SPECDEC_SET_FORMAT:
+        raise ValueError(f"{path}: field 'format' is {data.get('format')!r}, expected {SPECDEC_SET_FORMAT!r}")
+    if data.get("set") != set_name:
+        raise ValueError(f"{path}: field 'set' is {data.get('set')!r}, expected {set_name!r}")
+    for section, want in (("identity", identity), ("settings", specdec_settings(settings))):
+        have = data.get(section) or {}
+        for key, value in want.items():
+            if have.get(key) != value:
+                raise ValueError(
+                    f"{path}: field '{section}.{key}' is {have.get(key)!r}, the current drafters and "
+                    f"config give {value!r}: it was made with another drafter or settings; rerun its job"
+                )
+    return data
+
+
 def run_evaluation(
     *,
     drafter_dir: str,
-    set_paths: dict[str, str],
+    specdec_paths: dict[str, str],
     token_shards: list[str],
     hidden_stores: list[str],
     model_dir: str,
@@ -56,22 +181,19 @@ def run_evaluation(
     ttt_steps: int,
     baselines: list[dict] | None = None,
     threads: int | None = None,
-    trust_remote_code: bool = False,
 ) -> dict:
-    """`set_paths` maps each evaluation set name (`eyas.evaluate.sets`) to its file; `baselines` are
-    [{name, path}] drafter dirs evaluated beside the trained and untrained drafters."""
+    """`specdec_paths` maps each evaluation set name (config order) to its `run_specdec_set` JSON;
+    `baselines` are [{name, path}] drafter dirs evaluated beside the trained and untrained drafters."""
     if threads:
         torch.set_num_threads(threads)
     device = resolve_device(settings["device"])
-    # fp32 everywhere: bf16 rounding differs between 1-token and k-token forwards, so greedy equality
-    # (the correctness check of speculative decoding) only holds in fp32 (measured on the H200).
-    dtype = torch.float32
-    drafter = Eagle3Drafter.from_pretrained(drafter_dir).eval()
-    drafter_meta = json.loads((Path(drafter_dir) / "config.json").read_text())
-    expected = {field: drafter_meta[field] for field in DRAFTER_PROVENANCE}
-    drafters = {"trained": drafter, "untrained": untrained_like(drafter, model_dir)}
-    for item in baselines or []:
-        drafters[item["name"]] = _load_baseline(item["name"], item["path"], expected)
+    drafters, expected, identity = load_drafters(drafter_dir, model_dir, baselines)
+    sets = {name: read_specdec_set(path, name, settings, identity) for name, path in specdec_paths.items()}
+    devices = {data["device"] for data in sets.values()}
+    if len(devices) != 1:
+        raise ValueError(
+            f"{', '.join(specdec_paths.values())}: field 'device' differs between sets: {devices}"
+        )
 
     offline = {}
     for name, model in drafters.items():
@@ -81,43 +203,15 @@ def run_evaluation(
         )  # fmt: skip
         log.info("offline %s: simulated tau %.3f", name, offline[name]["simulated_tau"])
 
-    tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
-    max_prompt = (
-        drafter.config.max_position_embeddings - settings["max_new_tokens"] - 2 * settings["num_draft_tokens"]
-    )
-    decode = dict(
-        max_new_tokens=settings["max_new_tokens"],
-        num_draft_tokens=settings["num_draft_tokens"],
-        eos_token_ids={tokenizer.eos_token_id},
-        aux_layer_ids=drafter.config.aux_layer_ids,
-        device=device,
-        dtype=dtype,
-        temperature=settings.get("temperature", 0.0),
-        seed=settings.get("seed", 0),
-    )
-    specdec, set_meta = {}, {}
-    for set_name, path in set_paths.items():
-        prompt_set = load_prompt_set(set_name, path, tokenizer, settings["num_prompts"], max_prompt)
-        if not prompt_set.prompts:
-            raise ValueError(f"{path}: no {set_name} prompt fits (max {max_prompt} tokens)")
-        set_meta[set_name] = prompt_set.meta()
-        specdec[set_name] = {}
-        greedy_cache: dict = {}  # the set's plain greedy outputs: decoded once, not once per drafter
-        for name, model in drafters.items():
-            report = evaluate_specdec(
-                model_dir, model, prompt_set.prompts, **decode, greedy_cache=greedy_cache
-            )
-            specdec[set_name][name] = report
-            log.info("%s / %s: tau %.3f, speedup %s", set_name, name, report["tau"], report["speedup"])
-
     meta = {
         "drafter": drafter_dir,
         "model_dir": model_dir,
-        "device": device,
-        "dtype": str(dtype).removeprefix("torch."),
-        "temperature": decode["temperature"],
-        "sets": set_meta,
+        "device": devices.pop(),  # of real decoding, whose speeds the summary reports
+        "dtype": str(DTYPE).removeprefix("torch."),
+        "temperature": specdec_settings(settings)["temperature"],
+        "sets": {name: data["meta"] for name, data in sets.items()},
         "baselines": {item["name"]: item["path"] for item in baselines or []},
         **{f"drafter_{k}": v for k, v in expected.items()},
     }
+    specdec = {name: data["reports"] for name, data in sets.items()}
     return write_summary(out_summary, out_plot, offline=offline, specdec=specdec, meta=meta)

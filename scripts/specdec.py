@@ -1,0 +1,21 @@
+"""Real speculative decoding of the trained drafter and baselines on one evaluation set (wildcard `set`)."""
+
+from eyas.evaluate.stage import run_specdec_set
+from eyas.logs import setup_stage_logging
+
+sm = snakemake  # noqa: F821
+log = setup_stage_logging(sm.log[0], f"specdec.{sm.wildcards.set}")
+result = run_specdec_set(
+    set_name=sm.wildcards.set,
+    set_path=sm.input.prompts,
+    drafter_dir=sm.input.drafter,
+    model_dir=sm.input.model,
+    out_json=sm.output.json,
+    settings=sm.params.settings,
+    baselines=[
+        {"name": n, "path": p} for n, p in zip(sm.params.baseline_names, sm.input.baselines, strict=True)
+    ],
+    threads=sm.threads,
+    trust_remote_code=sm.params.trust_remote_code,
+)
+log.info("specdec %s: tau %s", sm.wildcards.set, {d: r["tau"] for d, r in result["reports"].items()})
