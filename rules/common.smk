@@ -29,6 +29,7 @@ wildcard_constraints:
     split="train|eval",
     shard=r"\d{5}",
     name=ASSET_NAME_PATTERN,
+    set="heldout|humaneval",
 
 
 def model_dir():

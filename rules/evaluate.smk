@@ -18,8 +18,6 @@ rule fetch_humaneval:
 
 
 rule specdec:
-    wildcard_constraints:
-        set="|".join(EYAS.evaluate.sets),
     input:
         drafter="results/train/drafter",
         prompts=eval_set_path,
