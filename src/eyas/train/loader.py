@@ -4,7 +4,7 @@ Token shards are small (5 bytes/token) and are read whole to plan batches; hidde
 lazily, sample by sample, by a few reader threads, each with its own open zarr stores (FACTS §2:
 open inside the worker); Blosc decoding releases the GIL, so the readers decode in parallel and
 batches still come out in plan order. Hidden states stay in the store's dtype (bf16: half the
-bytes to pin and copy) and become float32 on the device (`Batch.to`). Batches are right-padded
+bytes to pin and copy) and take the compute dtype on the device (`Batch.to`). Batches are right-padded
 rows of single samples, so the drafter needs no attention mask. The plan of an epoch depends only
 on (seed, epoch): a resumed run skips batches without reading them.
 """
@@ -45,10 +45,11 @@ class Batch:
     def pin(self) -> Batch:
         return Batch(*(getattr(self, f).pin_memory() for f in self.__dataclass_fields__))
 
-    def to(self, device: torch.device | str) -> Batch:
-        """On `device`, hidden states as float32 (the cast runs there, after the smaller copy)."""
+    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> Batch:
+        """On `device`, hidden states in `dtype` (the compute dtype; the cast runs there, after the
+        smaller copy)."""
         moved = {f: getattr(self, f).to(device, non_blocking=True) for f in self.__dataclass_fields__}
-        moved["aux"], moved["final"] = moved["aux"].float(), moved["final"].float()
+        moved["aux"], moved["final"] = moved["aux"].to(dtype), moved["final"].to(dtype)
         return Batch(**moved)
 
 

@@ -175,8 +175,10 @@ def train_step(model, teacher: Teacher, micro, settings, amp, world: ddp.World, 
     for batch in micro:
         if batch is None:
             continue
-        batch = batch.to(device)
-        final = batch.final.to(teacher.head.dtype)  # [B, T, H]
+        # Hidden states in the teacher's dtype (the autocast dtype, else float32): under autocast
+        # the drafter's fc would round float32 taps to it anyway.
+        batch = batch.to(device, teacher.head.dtype)
+        final = batch.final  # [B, T, H]
         in_vocab = teacher_in_vocab(final, teacher.head, teacher.t2d)  # [B, T] bool
         counts += torch.tensor(step_counts(batch.loss_mask, batch.valid, in_vocab, steps))
         prepared.append((batch, final, in_vocab))
