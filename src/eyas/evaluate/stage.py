@@ -22,7 +22,7 @@ from eyas.atomic import atomic_file
 from eyas.evaluate.offline import evaluate_offline
 from eyas.evaluate.sets import load_prompt_set
 from eyas.evaluate.specdec import evaluate_specdec
-from eyas.evaluate.summary import _finite, write_summary
+from eyas.evaluate.summary import json_safe, write_summary
 from eyas.model.drafter import Eagle3Drafter
 from eyas.provenance import DRAFTER_PROVENANCE, sha256_file
 from eyas.target import load_embed_and_head, load_tokenizer, resolve_device
@@ -142,7 +142,7 @@ def run_specdec_set(
         "dtype": str(DTYPE).removeprefix("torch."),
         "settings": chosen,
         "identity": identity,
-        "reports": _finite(reports),
+        "reports": json_safe(reports),
     }
     with atomic_file(out_json) as fh:
         fh.write(json.dumps(result, indent=2, allow_nan=False) + "\n")

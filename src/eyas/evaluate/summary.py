@@ -52,14 +52,14 @@ def _pick(report: dict, fields: tuple[str, ...], name: str) -> dict:
     return {f: report[f] for f in fields}
 
 
-def _finite(value):
+def json_safe(value):
     """JSON-safe copy: NaN/inf become None (json would write invalid `NaN`)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -112,7 +112,7 @@ def build_summary(*, offline: dict, specdec: dict, meta: dict) -> dict:
         for set_name, reports in sets.items()
         for d, r in reports.items()
     ]
-    return _finite(
+    return json_safe(
         {
             "format": SUMMARY_FORMAT,
             "meta": dict(meta),
