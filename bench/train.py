@@ -221,6 +221,27 @@ def main() -> None:
     readers = [int(r) for r in args.readers.split(",")]
     ratios = {}
     train_small = train_big = None
+
+    def loaders(shape_name: str, length: int, budget: int, trainer: dict | None) -> None:
+        """Loader cases (48 samples of up to `length` tokens) for each reader count, with their
+        feed rate over `trainer`'s consumption when it ran."""
+        runs = [
+            run_case(
+                "loader",
+                args.threads,
+                shape_name=shape_name,
+                samples=48,
+                length=length,
+                budget=budget,
+                readers=r,
+                pin=pin,
+            )
+            for r in readers
+        ]
+        cases.extend(runs)
+        if trainer is not None:
+            ratios.update({f"{shape_name} readers={c['readers']}": _ratio(c, trainer) for c in runs})
+
     # Trainer throughput at the default job's shape (SmolLM2, token_budget 1024 = 1 x 1024) ...
     if "small" in only:
         train_small = run_case(
@@ -234,21 +255,7 @@ def main() -> None:
             ttt=7,
         )
         cases.append(train_small)
-        small = [
-            run_case(
-                "loader",
-                args.threads,
-                shape_name="smollm2",
-                samples=48,
-                length=1024,
-                budget=1024,
-                readers=r,
-                pin=pin,
-            )
-            for r in readers
-        ]
-        cases += small
-        ratios |= {f"smollm2 readers={c['readers']}": _ratio(c, train_small) for c in small}
+        loaders("smollm2", 1024, 1024, train_small)
     if device == "cuda":
         # ... and at the 8B shape: throughput at a 16k-token budget, loader rate, long samples.
         if "big-train" in only:
@@ -258,22 +265,7 @@ def main() -> None:
             )  # fmt: skip
             cases.append(train_big)
         if "big-loader" in only:
-            big = [
-                run_case(
-                    "loader",
-                    args.threads,
-                    shape_name="8b",
-                    samples=48,
-                    length=4096,
-                    budget=16384,
-                    readers=r,
-                    pin=True,
-                )  # fmt: skip
-                for r in readers
-            ]
-            cases += big
-            if train_big is not None:
-                ratios |= {f"8b readers={c['readers']}": _ratio(c, train_big) for c in big}
+            loaders("8b", 4096, 16384, train_big)
         if "long" in only:
             for length in (int(x) for x in args.long.split(",")):
                 cases.append(
