@@ -83,7 +83,7 @@ def _plain_engine_seconds(args, requests: list[list[int]]) -> float:
     """The same prefill-only requests through SGLang with capture off (no hook, no aux layers)."""
     from sglang.srt.entrypoints.engine import Engine
 
-    engine = Engine(
+    kwargs = dict(
         model_path=args.model,
         disable_radix_cache=True,
         skip_tokenizer_init=True,
@@ -96,13 +96,7 @@ def _plain_engine_seconds(args, requests: list[list[int]]) -> float:
         log_level="warning",
         **({"attention_backend": args.attention} if args.attention else {}),
     )
-    try:
-        engine.generate(input_ids=requests[:64], sampling_params={"max_new_tokens": 0})  # warm-up
-        start = time.perf_counter()
-        engine.generate(input_ids=requests, sampling_params={"max_new_tokens": 0})
-        return time.perf_counter() - start
-    finally:
-        engine.shutdown()
+    return _timed_engine(Engine, kwargs, requests, len(requests))
 
 
 CAPTURE_ARGS = (
