@@ -32,8 +32,8 @@ rule specdec:
     conda:
         "../envs/eyas.yaml"
     # One job per set, the cores split between them: CPU decoding is memory-latency bound (SmolLM2-135M
-    # on the 2-core VM: 1 process decodes 12.6 tok/s with 1 thread and with 2; two 1-thread processes
-    # side by side 11.2 tok/s each, 22.5 together), so parallel sets beat more threads per set.
+    # on the idle 2-core VM, bench/decode_parallel.py: 1 process decodes 17.9 tok/s with 1 thread and
+    # with 2; two 1-thread processes side by side 17.4 tok/s each, 34.8 together).
     threads: max(1, all_cores() // len(EYAS.evaluate.sets))
     resources:
         gpu=use_gpu(EYAS.evaluate.device),
