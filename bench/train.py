@@ -7,7 +7,7 @@ peak memory of one long sample at the 8B shape.
 Every case runs in a fresh subprocess, so its peak memory is its own: on CUDA
 `torch.cuda.max_memory_allocated`, on CPU the process's peak RSS (`ru_maxrss`, which includes the
 ~0.3-0.5 GB of the imported libraries; `baseline` reports that floor). Trainer cases are real
-`trainer.train_step` calls (teacher in-vocab argmax, TTT unroll, chunked loss, backward, AdamW step)
+`step.train_step` calls (teacher in-vocab argmax, TTT unroll, chunked loss, backward, AdamW step)
 on synthetic batches; the loader case reads real zarr stores written with the extract stage's codec
 (random bf16 states: they compress worse than real ones, so decoding is if anything slower).
 Prints a table and writes JSON (with the command line) to --out.
@@ -75,7 +75,9 @@ def case_train(shape_name: str, rows: int, length: int, steps: int, device_name:
     """Trainer steps on [rows, length] batches: tokens/s and peak memory."""
     from eyas.config import TrainSettings
     from eyas.train.distributed import World
-    from eyas.train.trainer import Teacher, param_groups, resolve_amp, train_step
+    from eyas.train.parallel import spread_over_ranks
+    from eyas.train.step import Teacher, activation_budget, train_step
+    from eyas.train.trainer import param_groups, resolve_amp
 
     device = torch.device(device_name)
     shape = SHAPES[shape_name]
@@ -87,7 +89,8 @@ def case_train(shape_name: str, rows: int, length: int, steps: int, device_name:
     t2d = torch.zeros(shape["vocab"], dtype=torch.bool)
     t2d[: shape["draft"]] = True
     teacher = Teacher(head, d2t, t2d, device, amp or torch.float32)
-    optimizer = torch.optim.AdamW(param_groups(model, 0.0), lr=1e-4)
+    spread = spread_over_ranks(model, "ddp", World(), device)
+    optimizer = torch.optim.AdamW(param_groups(spread.objective, 0.0), lr=1e-4)
     batch = _batch(shape, rows, length, device)
     if device.type == "cuda":
         batch = batch.pin()
@@ -97,14 +100,13 @@ def case_train(shape_name: str, rows: int, length: int, steps: int, device_name:
         sync(device)
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        train_step(model, teacher, [batch], settings, amp, World(), device)
+        train_step(spread, teacher, [batch], settings, amp, device)
         optimizer.step()
         sync(device)
         if i:
             times.append(time.perf_counter() - start)
     seconds = float(np.median(times))
     from eyas.model.drafter import mlp_recompute_needed
-    from eyas.train.trainer import activation_budget
 
     elsize = 2 if amp is not None else 4
     return {

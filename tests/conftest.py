@@ -64,3 +64,19 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     for f in TOKENIZER_DIR.iterdir():
         shutil.copy(f, out / f.name)
     return out
+
+
+@pytest.fixture(scope="session")
+def sharp_target(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny Llama with its (tied) embedding scaled up, so the teacher is peaked, not uniform."""
+    import trainkit
+
+    return trainkit.sharpen(tiny_model_dir, tmp_path_factory.mktemp("sharp_target"))
+
+
+@pytest.fixture(scope="session")
+def data(sharp_target, tmp_path_factory) -> dict:
+    """Two (token shard, hidden store) pairs of the sharp target's greedy continuations + a draft vocab."""
+    import trainkit
+
+    return trainkit.build(sharp_target, tmp_path_factory.mktemp("train_data"))

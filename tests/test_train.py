@@ -1,4 +1,4 @@
-"""Loader and trainer on a tiny real target: stores made from the tiny Llama's own greedy text."""
+"""Loader and trainer on a tiny real target (stores of its own greedy text: trainkit.py), one process."""
 
 from __future__ import annotations
 
@@ -6,141 +6,21 @@ import csv
 import dataclasses
 import json
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from trainkit import LAYERS, csv_rows, inputs, run, settings, spawn_worker
 
-from eyas.config import TrainSettings
 from eyas.model.drafter import Eagle3Drafter
-from eyas.provenance import LAYER_ID_CONVENTION, model_hash, sha256_array
-from eyas.store import ProvenanceError, hidden_store_writer, read_token_shard, write_token_shard
+from eyas.store import ProvenanceError
 from eyas.train import trainer as trainer_mod
 from eyas.train.loader import PairedLoader
 from eyas.train.trainer import lr_factor, train
-from eyas.vocab import build_draft_vocab, save_draft_vocab
+from eyas.vocab import save_draft_vocab
 
 torch.set_num_threads(1)
-LAYERS = [0, 1, 2]
-
-
-@pytest.fixture(scope="module")
-def sharp_target(tiny_model_dir, tmp_path_factory) -> Path:
-    """The tiny Llama with its (tied) embedding scaled up, so the teacher is peaked, not uniform."""
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(str(tiny_model_dir))
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(40.0)
-    out = tmp_path_factory.mktemp("sharp_target")
-    model.save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def data(sharp_target, tmp_path_factory):
-    """Two (token shard, hidden store) pairs of greedy continuations + a draft vocab."""
-    from transformers import LlamaForCausalLM
-
-    root = tmp_path_factory.mktemp("train_data")
-    model = LlamaForCausalLM.from_pretrained(str(sharp_target)).eval()
-    mhash = model_hash(sharp_target)
-    prov = {"model_id": "tiny", "tokenizer_hash": "tok", "chat_template_hash": "tpl"}
-    rng = np.random.default_rng(0)
-    shards, stores = [], []
-    for shard_index in range(2):
-        samples = []
-        for _ in range(5):
-            prompt = torch.as_tensor(rng.integers(0, 49152, 4))[None]
-            with torch.no_grad():
-                ids = model.generate(prompt, max_new_tokens=int(rng.integers(16, 28)), do_sample=False)[0]
-            mask = np.r_[np.zeros(4), np.ones(len(ids) - 4)].astype(np.uint8)
-            samples.append((ids.numpy().astype(np.int32), mask))
-        tok_path = root / f"tok-{shard_index}.zarr"
-        write_token_shard(tok_path, samples, [f"s{i}" for i in range(5)], prov)
-        shard = read_token_shard(tok_path)
-        hid_path = root / f"hid-{shard_index}.zarr"
-        attrs = {
-            **prov,
-            "model_hash": mhash,
-            "layer_ids": LAYERS,
-            "layer_id_convention": LAYER_ID_CONVENTION,
-            "tokens_checksum": sha256_array(shard.input_ids),
-        }
-        with hidden_store_writer(hid_path, shard.sample_offsets, 64, 3, attrs) as writer:
-            for s in range(shard.num_samples):
-                ids, _ = shard.sample(s)
-                with torch.no_grad():
-                    out = model(torch.as_tensor(ids, dtype=torch.long)[None], output_hidden_states=True)
-                aux = torch.cat([out.hidden_states[v + 1][0] for v in LAYERS], dim=-1)
-                writer.write_sample(s, bf16(aux), bf16(out.hidden_states[-1][0]))
-        shards.append(str(tok_path))
-        stores.append(str(hid_path))
-    d2t, t2d, stats = build_draft_vocab(shards, 49152, 64)
-    vocab = root / "vocab.safetensors"
-    save_draft_vocab(vocab, d2t, t2d, stats, tokenizer_hash="tok")
-    expected = {"model_hash": mhash, "layer_ids": LAYERS, "tokenizer_hash": "tok", "model_id": "tiny"}
-    return {
-        "shards": shards,
-        "stores": stores,
-        "vocab": str(vocab),
-        "expected": expected,
-        "model": str(sharp_target),
-    }
-
-
-def bf16(x: torch.Tensor) -> np.ndarray:
-    from eyas.store import bf16_to_uint16
-
-    return bf16_to_uint16(x)
-
-
-def settings(**overrides) -> TrainSettings:
-    base = dict(
-        epochs=20,
-        max_steps=None,
-        lr=3e-3,
-        warmup_steps=2,
-        weight_decay=0.0,
-        grad_clip=1.0,
-        token_budget=64,
-        ttt_steps=3,
-        step_weight=0.8,
-        seed=0,
-        device="cpu",
-        dtype="float32",
-        checkpoint_every=2,
-        draft_vocab_size=64,
-        threads=1,
-        progress=False,
-        select_by_tau=False,
-    )
-    base.update(overrides)
-    return TrainSettings(**base)
-
-
-def inputs(data, out: Path, heldout: bool = False) -> dict:
-    """Keyword arguments of `train` (JSON-able, also the CLI spec's `inputs`)."""
-    return dict(
-        token_shards=data["shards"],
-        hidden_stores=data["stores"],
-        vocab_path=data["vocab"],
-        model_dir=data["model"],
-        out_dir=str(out / "drafter"),
-        log_path=str(out / "log.csv"),
-        expected_provenance=data["expected"],
-        heldout={"token_shards": data["shards"][1:], "hidden_stores": data["stores"][1:]}
-        if heldout
-        else None,
-    )
-
-
-def run(data, out: Path, s: TrainSettings, heldout: bool = False) -> dict:
-    return train(s, **inputs(data, out, heldout))
 
 
 def test_loader_plan_is_deterministic_and_within_budget(data):
@@ -269,15 +149,6 @@ def test_head_init_from_target(data, init_head):
         assert torch.equal(model.norm.weight, norm)
 
 
-def _spawn(spec_path: Path, *extra: str) -> subprocess.Popen:
-    worker = Path(__file__).with_name("train_worker.py")
-    return subprocess.Popen([sys.executable, str(worker), str(spec_path), *extra], stderr=subprocess.PIPE)
-
-
-def _rows(path: Path) -> int:
-    return len(path.read_text().splitlines()) - 1 if path.exists() else 0
-
-
 def test_sigkill_mid_run_then_restart_gives_the_same_loss_curve_bitwise(data, tmp_path):
     """A CPU training process SIGKILLed two steps after a checkpoint resumes from it; its log.csv and
     epochs.csv (held-out tau per epoch) and weights equal those of an uninterrupted run, bit for bit."""
@@ -296,10 +167,10 @@ def test_sigkill_mid_run_then_restart_gives_the_same_loss_curve_bitwise(data, tm
             }
         )
     )
-    proc = _spawn(spec, "5")  # blocks after step 5: the last checkpoint is at step 3
+    proc = spawn_worker(spec, "5")  # blocks after step 5: the last checkpoint is at step 3
     partial = out / "log.csv.partial"
     deadline = time.monotonic() + 120
-    while _rows(partial) < 5:
+    while csv_rows(partial) < 5:
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
         assert time.monotonic() < deadline, "worker did not reach step 5"
         time.sleep(0.1)
@@ -310,56 +181,15 @@ def test_sigkill_mid_run_then_restart_gives_the_same_loss_curve_bitwise(data, tm
     assert state["step"] == 3 and not (out / "drafter").exists() and not stats_path.exists()
     assert set(state["rng"]) >= {"torch", "numpy", "python"} and "optimizer" in state
 
-    proc = _spawn(spec)
+    proc = spawn_worker(spec)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err.decode()[-2000:]
     stats = json.loads(stats_path.read_text())
     assert stats["resumed_from_step"] == 3 and stats["steps"] == 9
     for name in ("log.csv", "epochs.csv"):
         assert (out / name).read_bytes() == (tmp_path / "a" / name).read_bytes(), name
-    assert _rows(out / "log.csv") == 9 and _rows(out / "epochs.csv") >= 2
+    assert csv_rows(out / "log.csv") == 9 and csv_rows(out / "epochs.csv") >= 2
     a = Eagle3Drafter.from_pretrained(tmp_path / "a" / "drafter").state_dict()
     b = Eagle3Drafter.from_pretrained(out / "drafter").state_dict()
     for name in a:
         assert torch.equal(a[name], b[name]), name
-
-
-def test_step_groups_partition_the_plan_with_a_padded_tail():
-    from eyas.train.distributed import padded_slots, rank_share, step_groups
-
-    plan = [np.array([i]) for i in range(7)]
-    groups = step_groups(plan, world_size=2, accum=2)
-    assert [len(g) for g in groups] == [4, 4] and padded_slots(7, 2, 2) == 1
-    shares = [mb for r in range(2) for g in groups for mb in rank_share(g, r, 2)]
-    real = sorted(int(mb[0]) for mb in shares if mb is not None)
-    assert real == list(range(7)) and sum(mb is None for mb in shares) == 1  # each once, tail padded
-    assert rank_share(groups[0], 1, 2)[0][0] == 2  # rank 1 reads the group's second half
-
-
-def test_ddp_two_processes_gloo_match_one_process_at_the_same_global_batch(data, tmp_path):
-    """torchrun with 2 CPU ranks (gloo, accum 1) == 1 process accumulating 2 micro-batches per step."""
-    from eyas.train.cli import train_job
-
-    s = settings(max_steps=None, epochs=2, checkpoint_every=0)
-    one = run(data, tmp_path / "one", dataclasses.replace(s, grad_accum=2))
-    two = train_job(
-        dataclasses.replace(s, nproc=2), inputs(data, tmp_path / "two"), str(tmp_path / "launch.log")
-    )
-    assert two["world_size"] == 2 and one["world_size"] == 1
-    assert two["steps"] == one["steps"] and two["tokens"] == one["tokens"]
-    for e1, e2 in zip(one["epochs"], two["epochs"], strict=True):
-        # every one of the 10 samples used exactly once per epoch (the trainer checks and raises
-        # otherwise); an odd micro-batch count is padded with an empty one, not dropped
-        assert e1["samples"] == e2["samples"] == 10 and e1["complete"] and e2["complete"]
-        assert e1["padded_microbatches"] == e2["padded_microbatches"]
-    assert any(e["padded_microbatches"] for e in two["epochs"])
-    with open(tmp_path / "one" / "log.csv") as fa, open(tmp_path / "two" / "log.csv") as fb:
-        a, b = list(csv.DictReader(fa)), list(csv.DictReader(fb))
-    assert len(a) == len(b) == one["steps"]
-    for ra, rb in zip(a, b, strict=True):
-        assert float(ra["loss"]) == pytest.approx(float(rb["loss"]), rel=1e-4, abs=1e-5)
-        assert ra["acc_0"] == rb["acc_0"] and ra["tokens"] == rb["tokens"]
-    wa = Eagle3Drafter.from_pretrained(tmp_path / "one" / "drafter").state_dict()
-    wb = Eagle3Drafter.from_pretrained(tmp_path / "two" / "drafter").state_dict()
-    for name in wa:
-        torch.testing.assert_close(wa[name], wb[name], rtol=1e-4, atol=1e-5)

@@ -160,6 +160,9 @@ class TrainSettings:
     batch of a step is nproc * grad_accum micro-batches of `token_budget` padded tokens."""
     grad_accum: int = 1
     """Micro-batches accumulated per optimizer step and process."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """With nproc > 1: `ddp` replicates the drafter on every process; `fsdp` shards its weights,
+    gradients and AdamW moments over them (FSDP2), for large hidden sizes (docs/scale.md)."""
     select_by_tau: bool = True
     """At each epoch's end measure simulated tau on the held-out stores and output the weights of the
     best epoch (per-epoch metrics in results/train/epochs.csv)."""

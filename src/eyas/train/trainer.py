@@ -1,5 +1,5 @@
 """Train an EAGLE-3 drafter on stored hidden states: AdamW, warmup + cosine, clipping, exact resume,
-data parallelism, checkpoint choice by simulated tau on held-out stores.
+data parallelism (`ddp` or `fsdp`: parallel.py), checkpoint choice by simulated tau on held-out stores.
 
 Checkpoints live in a sibling `<out_dir>-checkpoint/` (see `checkpoint.py`), outside Snakemake's output
 so a failed job's rerun resumes from it; it is used only if its fingerprint (settings that change the
@@ -19,7 +19,6 @@ import math
 import os
 import shutil
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -27,7 +26,7 @@ from torch import nn
 
 from eyas import target
 from eyas.atomic import atomic_dir, atomic_file
-from eyas.model.drafter import DrafterConfig, Eagle3Drafter, mlp_recompute_needed
+from eyas.model.drafter import DrafterConfig, Eagle3Drafter
 from eyas.provenance import DRAFTER_PROVENANCE, sha256_file
 from eyas.store import ProvenanceError, check_provenance
 from eyas.target import load_embed_and_head, load_target_tensor, read_config
@@ -42,7 +41,8 @@ from eyas.train.checkpoint import (
     set_rng_state,
 )
 from eyas.train.loader import PairedLoader
-from eyas.train.loss import step_counts, teacher_cache_fits, teacher_in_vocab, ttt_loss_chunked
+from eyas.train.parallel import spread_over_ranks
+from eyas.train.step import Teacher, train_step
 from eyas.validate import check_manifests
 from eyas.vocab import load_draft_vocab
 
@@ -135,99 +135,12 @@ def _build_model(
     return model, head
 
 
-class Teacher:
-    """The target head on the training device: full [V, H] for the in-vocab argmax, [D, H] draft rows."""
-
-    def __init__(self, head: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor, device, dtype):
-        self.head = head.to(device, dtype)  # [V, H] teacher matmuls run in the autocast dtype
-        self.draft_head = self.head[(torch.arange(len(d2t)) + d2t).to(device)]  # [D, H]
-        self.t2d = t2d.to(device)  # [V] bool
-
-
 def loader_readers(device: torch.device, threads: int | None) -> int:
     """Reader threads of the loader: one on CPU, where the step needs every core; on a GPU host
     half the job's threads, up to 8 (Blosc decoding scales with threads: bench/README.md)."""
     if device.type != "cuda":
         return 1
     return max(1, min(8, (threads or os.cpu_count() or 2) // 2))
-
-
-def activation_budget(device: torch.device) -> float:
-    """Bytes of MLP activations a step may keep before they are recomputed instead: a quarter of
-    the GPU's memory (on an H200 at the 8B shape, 4 x 4096-token batches keep theirs, 13 GB, and a
-    64k-token sample, 53 GB, recomputes); unbounded on CPU, where host memory is rarely the limit."""
-    if device.type != "cuda":
-        return math.inf
-    return torch.cuda.get_device_properties(device).total_memory / 4
-
-
-# --------------------------------------------------------------------------- one optimizer step
-def train_step(model, teacher: Teacher, micro, settings, amp, world: ddp.World, device) -> dict:
-    """Forward/backward of this rank's micro-batches (None = padding), gradients summed over ranks.
-
-    Every part's loss is normalised by the step's global count of loss-carrying positions, so the
-    summed gradient is that of the whole global batch. Returns global metrics (no optimizer step).
-    """
-    steps = settings.ttt_steps
-    autocast = (lambda: torch.autocast(device.type, dtype=amp)) if amp is not None else nullcontext
-    prepared = []
-    counts = torch.zeros(steps, dtype=torch.int64)
-    for batch in micro:
-        if batch is None:
-            continue
-        # Hidden states in the teacher's dtype (the autocast dtype, else float32): under autocast
-        # the drafter's fc would round float32 taps to it anyway.
-        batch = batch.to(device, teacher.head.dtype)
-        final = batch.final  # [B, T, H]
-        in_vocab = teacher_in_vocab(final, teacher.head, teacher.t2d)  # [B, T] bool
-        counts += torch.tensor(step_counts(batch.loss_mask, batch.valid, in_vocab, steps))
-        prepared.append((batch, final, in_vocab))
-    counts = ddp.all_reduce_sum(counts, world)  # global normalisers
-    # sums: loss, tokens, then per step correct, cond_count, cond_correct
-    sums = torch.zeros(2 + 3 * steps, dtype=torch.float64)
-    for batch, final, in_vocab in prepared:
-        with autocast():
-            cached = None
-            if teacher_cache_fits(final, len(teacher.draft_head), teacher.head.dtype):
-                with torch.no_grad():
-                    cached = final @ teacher.draft_head.T  # [B, T, D] once, shared by every step
-            recompute = mlp_recompute_needed(
-                batch.input_ids.numel(),
-                model.config.intermediate_size,
-                steps,
-                2 if amp is not None else 4,
-                activation_budget(device),
-            )
-            hidden = model.ttt_hidden(batch.aux, batch.input_ids, steps, recompute)  # steps x [B, T, H]
-            loss, m = ttt_loss_chunked(
-                hidden,
-                model.norm,
-                model.lm_head.weight,
-                final,
-                teacher.draft_head,
-                in_vocab,
-                batch.loss_mask,
-                batch.valid,
-                settings.step_weight,
-                counts=counts.tolist(),
-                teacher_logits=cached,
-            )
-        loss.backward()
-        part = [float(loss.detach()), batch.num_tokens, *m["correct"], *m["cond_count"], *m["cond_correct"]]
-        sums += torch.tensor(part, dtype=torch.float64)
-    ddp.sum_gradients([p for p in model.parameters() if p.requires_grad], world)
-    sums = ddp.all_reduce_sum(sums, world)
-    correct, cond_count, cond_correct = sums[2:].view(3, steps)
-    count = counts.tolist()
-    return {
-        "loss": float(sums[0]),
-        "tokens": int(sums[1]),
-        "count": count,
-        "acc": [float(c) / n if n else 0.0 for c, n in zip(correct, count, strict=True)],
-        "cond_acc": [
-            float(c) / float(n) if n else 0.0 for c, n in zip(cond_correct, cond_count, strict=True)
-        ],
-    }
 
 
 def heldout_metrics(model, settings, heldout: dict, model_dir: str, expected: dict, device) -> dict:
@@ -288,16 +201,10 @@ def train(
     attrs = _check_inputs(loader, hidden_stores, vocab_meta, settings)
     model, head = _build_model(model_dir, attrs, d2t, t2d, settings.seed, settings.init_head_from_target)
     model.to(device).train()
-    ddp.broadcast_parameters(model, world)
     teacher = Teacher(head, d2t, t2d, device, amp or torch.float32)
     del head
-
     per_epoch = [len(ddp.step_groups(loader.plan(e), world.size, accum)) for e in range(settings.epochs)]
     total = sum(per_epoch) if settings.max_steps is None else min(settings.max_steps, sum(per_epoch))
-    optimizer = torch.optim.AdamW(param_groups(model, settings.weight_decay), lr=settings.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, settings.warmup_steps, total)
-    )
     vocab_hash = sha256_file(vocab_path)
     extra = {k: attrs.get(k) for k in DRAFTER_PROVENANCE}
     extra.update({"draft_vocab_hash": vocab_hash, "train_settings": dataclasses.asdict(settings)})
@@ -321,10 +228,16 @@ def train(
     if found is not None and found[1]["fingerprint"] != fp:
         log.warning("%s: checkpoint is from different settings or inputs; starting fresh", ckpt)
         found = None
+    if found is not None:  # weights before they are spread over the ranks
+        model.load_state_dict(Eagle3Drafter.from_pretrained(found[0], map_location=device).state_dict())
+    spread = spread_over_ranks(model, settings.parallel, world, device)
+    optimizer = torch.optim.AdamW(param_groups(spread.objective, settings.weight_decay), lr=settings.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, settings.warmup_steps, total)
+    )
     if found is not None:
         path, state = found
-        model.load_state_dict(Eagle3Drafter.from_pretrained(path, map_location=device).state_dict())
-        optimizer.load_state_dict(state["optimizer"])
+        spread.load_optimizer_state(optimizer, state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         step, epoch, in_epoch = state["step"], state["epoch"], state["group_in_epoch"]
@@ -358,7 +271,7 @@ def train(
             "group_in_epoch": in_epoch,
             "tokens": tokens,
             "seconds": seconds,
-            "optimizer": optimizer.state_dict(),
+            "optimizer": spread.optimizer_state(optimizer),
             "scheduler": scheduler.state_dict(),
             "rng": rng_state(),
             "seen": ddp.all_reduce_sum(seen.clone(), world),
@@ -368,9 +281,10 @@ def train(
         }
 
     def checkpoint_now() -> None:
-        state = snapshot()  # collective (seen): every rank takes part
+        state = snapshot()  # collectives (seen, sharded optimizer state): every rank takes part
+        whole = spread.full_drafter()
         if world.main:
-            save_checkpoint(ckpt, model, extra, state)
+            save_checkpoint(ckpt, whole, extra, state)
         ddp.barrier(world)
 
     def finish_epoch(complete: bool) -> None:
@@ -390,14 +304,15 @@ def train(
                 f"{int((counts > 1).sum())} seen more than once"
             )
         if settings.select_by_tau:
+            whole = spread.full_drafter()
             if world.main:
-                metrics = heldout_metrics(model, settings, heldout, model_dir, expected_provenance, device)
+                metrics = heldout_metrics(whole, settings, heldout, model_dir, expected_provenance, device)
                 record["simulated_tau"] = metrics["simulated_tau"]
                 record["conditional_accuracy"] = metrics["conditional_accuracy"]
                 record["accuracy"] = metrics["accuracy"]
                 if not best or record["simulated_tau"] > best["simulated_tau"]:
                     best = {"epoch": epoch, "step": step, "simulated_tau": record["simulated_tau"]}
-                    model.save_pretrained(best_dir, extra_config=extra)
+                    whole.save_pretrained(best_dir, extra_config=extra)
                 log.info("epoch %d: held-out simulated tau %.4f", epoch, record["simulated_tau"])
             ddp.barrier(world)
         epochs.append(record)
@@ -422,8 +337,8 @@ def train(
                 micro = [next(batches) for _ in range(accum)]
                 lr = optimizer.param_groups[0]["lr"]
                 optimizer.zero_grad(set_to_none=True)
-                metrics = train_step(model, teacher, micro, settings, amp, world, device)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip))
+                metrics = train_step(spread, teacher, micro, settings, amp, device)
+                grad_norm = spread.clip_gradients(settings.grad_clip)
                 optimizer.step()
                 scheduler.step()
                 for rows_of_batch in mine[g]:
@@ -470,10 +385,11 @@ def train(
         "selected": best or None,
     }
     checkpoint_now()
+    whole = spread.full_drafter()
     if world.main:
         source = best_dir if best else None
         with atomic_dir(out_dir) as tmp:
-            model.save_pretrained(tmp, extra_config={**extra, "train_stats": stats})
+            whole.save_pretrained(tmp, extra_config={**extra, "train_stats": stats})
             if source is not None:  # the chosen epoch's weights replace the last ones
                 shutil.copy(source / "model.safetensors", tmp / "model.safetensors")
             shutil.copy(ckpt / "train_state.pt", tmp / "train_state.pt")
