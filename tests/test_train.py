@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
+import zarr
 from trainkit import LAYERS, csv_rows, inputs, run, settings, spawn_worker
 
 from eyas.model.drafter import Eagle3Drafter
@@ -57,6 +58,10 @@ def test_training_reduces_loss_and_writes_outputs(data, tmp_path):
     cfg = json.loads((tmp_path / "drafter" / "config.json").read_text())
     assert cfg["layer_ids"] == LAYERS and cfg["model_hash"] == data["expected"]["model_hash"]
     assert cfg["draft_vocab_size"] == 64 and "draft_vocab_hash" in cfg
+    tokens = sum(int(zarr.open_group(p, mode="r").attrs["num_tokens"]) for p in data["stores"])
+    assert cfg["train_stores"] == {
+        "count": 2, "tokens": tokens, "storage": ["bf16"], "backend": [], "compute_dtype": []
+    }  # fmt: skip
     assert (tmp_path / "drafter" / "train_state.pt").exists()
     assert not (tmp_path / "drafter-checkpoint").exists() and not (tmp_path / "log.csv.partial").exists()
     Eagle3Drafter.from_pretrained(tmp_path / "drafter")
@@ -124,6 +129,20 @@ def test_vocab_tokenizer_mismatch_refused(data, tmp_path):
             log_path=str(tmp_path / "log.csv"),
             expected_provenance=data["expected"],
         )
+
+
+def test_stores_summary_names_every_storage_and_backend():
+    attrs = [
+        {"num_tokens": 10, "backend": "sglang", "storage": "fp8_e4m3", "compute_dtype": "bfloat16"},
+        {"num_tokens": 5, "backend": "hf", "compute_dtype": "bfloat16"},  # before the storage field
+    ]
+    assert trainer_mod.stores_summary(attrs) == {
+        "count": 2,
+        "tokens": 15,
+        "storage": ["bf16", "fp8_e4m3"],
+        "backend": ["hf", "sglang"],
+        "compute_dtype": ["bfloat16"],
+    }
 
 
 def test_lr_schedule():

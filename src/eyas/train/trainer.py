@@ -135,6 +135,22 @@ def _build_model(
     return model, head
 
 
+def stores_summary(store_attrs: list[dict]) -> dict:
+    """What the drafter was trained on, beyond the identity fields every store shares: how the states
+    were computed and stored (a drafter trained on fp8 stores says so in its config)."""
+
+    def values(field: str, default=None) -> list[str]:
+        return sorted({str(v) for a in store_attrs if (v := a.get(field, default)) is not None})
+
+    return {
+        "count": len(store_attrs),
+        "tokens": sum(int(a.get("num_tokens", 0)) for a in store_attrs),
+        "storage": values("storage", "bf16"),  # stores before the fp8 option are bf16
+        "backend": values("backend"),
+        "compute_dtype": values("compute_dtype"),
+    }
+
+
 def loader_readers(device: torch.device, threads: int | None) -> int:
     """Reader threads of the loader: one on CPU, where the step needs every core; on a GPU host
     half the job's threads, up to 8 (Blosc decoding scales with threads: bench/README.md)."""
@@ -207,7 +223,13 @@ def train(
     total = sum(per_epoch) if settings.max_steps is None else min(settings.max_steps, sum(per_epoch))
     vocab_hash = sha256_file(vocab_path)
     extra = {k: attrs.get(k) for k in DRAFTER_PROVENANCE}
-    extra.update({"draft_vocab_hash": vocab_hash, "train_settings": dataclasses.asdict(settings)})
+    extra.update(
+        {
+            "draft_vocab_hash": vocab_hash,
+            "train_settings": dataclasses.asdict(settings),
+            "train_stores": stores_summary(loader.store_attrs),
+        }
+    )
     fp = fingerprint(
         settings,
         {
