@@ -113,7 +113,8 @@ class Sharded(Replicated):
         super().__init__(drafter, world)  # same starting weights on every rank, then shard them
         mesh = init_device_mesh(device.type, (world.size,))
         fully_shard(self.objective, mesh=mesh)
-        self.objective.set_gradient_divide_factor(1.0)  # sum over ranks, as Replicated does
+        divide = getattr(self.objective, "set_gradient_divide_factor", None)  # older torch: the next name
+        (divide or self.objective.set_reduce_scatter_divide_factor)(1.0)  # sum over ranks, as ddp does
         if device.type != "cuda":  # gloo has no pre-scaled sum (PREMUL_SUM), even by a factor of 1
             if not hasattr(self.objective, "set_force_sum_reduction_for_comms"):
                 raise RuntimeError(
