@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import resource
 import subprocess
 import sys
@@ -21,23 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from eyas.dryrun import planned_jobs
+
 REPO = Path(__file__).parents[1]
 
 
 def shard_config(shards: int) -> str:
     eval_shards = max(1, shards // 100)
     return f"tokenize:\n  train_shards: {shards - eval_shards}\n  eval_shards: {eval_shards}\n"
-
-
-def job_counts(output: str) -> dict[str, int]:
-    table = output.split("Job stats:", 1)[1]
-    jobs = {}
-    for line in table.splitlines()[3:]:
-        match = re.match(r"^(\S+)\s+(\d+)$", line.strip())
-        if not match or match.group(1) == "total":
-            break
-        jobs[match.group(1)] = int(match.group(2))
-    return jobs
 
 
 def dry_run(shards: int, workdir: Path) -> tuple[float, float, dict[str, int]]:
@@ -50,7 +40,7 @@ def dry_run(shards: int, workdir: Path) -> tuple[float, float, dict[str, int]]:
     seconds, cpu = time.monotonic() - start, _children_cpu() - cpu_start
     if result.returncode != 0:
         raise SystemExit(result.stdout + result.stderr)
-    return seconds, cpu, job_counts(result.stdout + result.stderr)
+    return seconds, cpu, planned_jobs(result.stdout + result.stderr)
 
 
 def _children_cpu() -> float:

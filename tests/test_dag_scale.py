@@ -5,12 +5,13 @@ How long it takes is measured in bench/dag.py (bench/results/dag.json), not asse
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from eyas.dryrun import planned_jobs
 
 pytestmark = pytest.mark.workflow
 
@@ -25,5 +26,14 @@ def test_dry_run_of_10000_shards_lists_every_extract_job(tmp_path):
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", output.split("Job stats:", 1)[1], flags=re.M))
-    assert counts["extract"] == "10000" and counts["train"] == "1" and counts["evaluate"] == "1", counts
+    counts = planned_jobs(output)
+    assert counts["extract"] == 10000 and counts["train"] == 1 and counts["evaluate"] == 1, counts
+
+
+def test_planned_jobs_reads_the_job_stats_table_and_refuses_other_output():
+    table = ["Job stats:", "job        count", "-------  -------", "extract        3", "train          1"]
+    output = "\n".join(["Building DAG of jobs...", *table, "total          4", "", "Reasons:"])
+    assert planned_jobs(output) == {"extract": 3, "train": 1}
+    assert planned_jobs("Nothing to be done (all requested files are present).") == {}
+    with pytest.raises(ValueError, match="Job stats"):
+        planned_jobs("WorkflowError: something else")

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 import zarr
-from test_workflow import planned_jobs
+
+from eyas.dryrun import planned_jobs
 
 pytestmark = pytest.mark.workflow
 

@@ -9,7 +9,6 @@ products of every stage.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,8 @@ import numpy as np
 import pytest
 import zarr
 from safetensors import safe_open
+
+from eyas.dryrun import planned_jobs
 
 pytestmark = pytest.mark.workflow
 
@@ -48,20 +49,6 @@ def snakemake(workdir: Path, *args: str) -> str:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     return output
-
-
-def planned_jobs(output: str) -> dict[str, int]:
-    """Parse the `Job stats` table of a dry run into {rule: count}."""
-    if "Nothing to be done" in output:
-        return {}
-    table = output.split("Job stats:", 1)[1]
-    jobs = {}
-    for line in table.splitlines()[3:]:
-        match = re.match(r"^(\S+)\s+(\d+)$", line.strip())
-        if not match or match.group(1) == "total":
-            break
-        jobs[match.group(1)] = int(match.group(2))
-    return jobs
 
 
 def store_rows(path: Path) -> np.ndarray:
