@@ -103,3 +103,32 @@ def test_readers_in_threads_agree(tmp_path):
     for t in threads:
         t.join()
     assert all(torch.equal(got[s], want[s]) for s in range(8)) and len(offsets) == 9
+
+
+def test_rows_into_a_destination_equal_zarr_and_whole_chunks_decode_in_place(tmp_path):
+    _store(tmp_path / "h.zarr", "bf16")
+    array = zarr.open_group(tmp_path / "h.zarr", mode="r")["aux"]
+    reader = ChunkRows(array, tmp_path / "h.zarr" / "aux")
+    for lo, hi in [(0, 0), (0, 160), (24, 48), (23, 73), (150, 160), (5, 6)]:
+        out = np.full((hi - lo, 24), 0xFFFF, dtype=np.uint16)  # stale bits must all be overwritten
+        assert reader.rows(lo, hi, out=out) is out and np.array_equal(out, array[lo:hi]), (lo, hi)
+    with pytest.raises(ValueError, match="expected C-contiguous"):
+        reader.rows(0, 24, out=np.zeros((24, 48), np.uint16)[:, ::2])
+    (tmp_path / "h.zarr" / "aux" / "c" / "1" / "0").write_bytes(b"not blosc")  # rows 24-47: whole chunk
+    with pytest.raises(ValueError, match="decodes to -1 bytes"):
+        reader.rows(24, 48, out=np.zeros((24, 24), np.uint16))
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8_e4m3"])
+def test_sample_into_equals_sample(tmp_path, storage):
+    offsets = _store(tmp_path / "h.zarr", storage)
+    store = HiddenStore(tmp_path / "h.zarr")
+    batch = torch.full((2, 100, 32), float("nan"), dtype=store.sample_dtype)  # rows of a padded batch
+    for s in range(len(offsets) - 1):
+        aux, final = store.sample(s)
+        n = aux.shape[0]
+        store.sample_into(s, batch[1, :n, :24], batch[0, :n, 24:])  # a strided view: the copy path
+        assert torch.equal(batch[1, :n, :24], aux) and torch.equal(batch[0, :n, 24:], final)
+        into_aux, into_final = torch.empty_like(aux), torch.empty_like(final)
+        store.sample_into(s, into_aux, into_final)
+        assert torch.equal(into_aux, aux) and torch.equal(into_final, final)

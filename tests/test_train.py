@@ -38,6 +38,7 @@ def test_loader_plan_is_deterministic_and_within_budget(data):
     for a, b in zip(prefetched, plain, strict=True):
         assert torch.equal(a.aux, b.aux) and torch.equal(a.input_ids, b.input_ids)
         assert a.aux.shape[-1] == 3 * 64 and bool((a.input_ids[~a.valid] == 0).all())
+        assert not a.aux[~a.valid].any() and not a.final[~a.valid].any()  # padding is zeros
 
 
 def test_loader_refuses_mismatched_pairs(data):

@@ -74,14 +74,42 @@ def test_two_processes_match_one_process_at_the_same_global_batch(data, tmp_path
 
 
 def _torchrun_worker(spec: Path, stall_at: int, log: Path) -> subprocess.Popen:
-    """2 ranks of tests/train_worker.py under torchrun, in their own process group (killed together)."""
+    """2 ranks of tests/train_worker.py under torchrun."""
     worker = Path(__file__).with_name("train_worker.py")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     with open(log, "w") as out:
         return subprocess.Popen(
             [*cmd, str(worker), str(spec), str(stall_at)], stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
         )  # fmt: skip
+
+
+def _kill_every_process_of(spec: Path) -> None:
+    """SIGKILL torchrun and its ranks (they run in sessions of their own, so not by process group):
+    every process whose command line names `spec`."""
+    pids = []
+    for proc_dir in Path("/proc").iterdir():
+        try:
+            if proc_dir.name.isdigit() and str(spec).encode() in (proc_dir / "cmdline").read_bytes():
+                pids.append(int(proc_dir.name))
+        except OSError:  # ended meanwhile
+            continue
+    assert len(pids) >= 3, pids  # torchrun + 2 ranks
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() and _alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, "ranks still alive after SIGKILL"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:  # a killed child of another process lingers as a zombie until reaped: that is dead
+        return (Path(f"/proc/{pid}") / "stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_fsdp_sigkill_mid_run_then_restart_gives_the_same_run_bitwise(data, tmp_path):
@@ -103,7 +131,7 @@ def test_fsdp_sigkill_mid_run_then_restart_gives_the_same_run_bitwise(data, tmp_
         assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
         assert time.monotonic() < deadline, "ranks did not reach step 5"
         time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks at once, like a lost node
+    _kill_every_process_of(spec)  # torchrun and both ranks at once, like a lost node
     proc.wait()
     state = torch.load(out / "drafter-checkpoint" / "train_state.pt", weights_only=True)
     assert state["step"] == 4 and not (out / "drafter").exists() and not stats_path.exists()

@@ -47,25 +47,55 @@ class ChunkRows:
         self.fill = array.metadata.fill_value
         self.blosc = numcodecs.Blosc()  # decoding reads its settings from each frame's header
 
+    def _encoded(self, index: int) -> bytes | None:
+        try:
+            return (self.path / "c" / str(index) / "0").read_bytes()
+        except FileNotFoundError:  # never written: zarr's fill value
+            return None
+
+    def _check_size(self, index: int, nbytes: int) -> None:
+        expected = self.chunk_rows * self.width * self.dtype.itemsize
+        if nbytes != expected:
+            path = self.path / "c" / str(index) / "0"
+            raise ValueError(f"{path}: decodes to {nbytes} bytes, expected {expected}")
+
     def chunk(self, index: int) -> np.ndarray:
         """Chunk `index` as [chunk_rows, width] (the edge chunk too: zarr stores it full size)."""
-        path = self.path / "c" / str(index) / "0"
-        try:
-            encoded = path.read_bytes()
-        except FileNotFoundError:  # never written: zarr's fill value
+        encoded = self._encoded(index)
+        if encoded is None:
             return np.full((self.chunk_rows, self.width), self.fill, dtype=self.dtype)
         decoded = self.blosc.decode(encoded)
-        expected = self.chunk_rows * self.width * self.dtype.itemsize
-        if len(memoryview(decoded).cast("B")) != expected:
-            raise ValueError(f"{path}: decodes to {len(decoded)} bytes, expected {expected}")
+        self._check_size(index, len(memoryview(decoded).cast("B")))
         return np.frombuffer(decoded, dtype=self.dtype).reshape(self.chunk_rows, self.width)
 
-    def rows(self, lo: int, hi: int) -> np.ndarray:
+    def _decode_into(self, index: int, dest: np.ndarray) -> None:
+        """Whole chunk `index` decoded straight into `dest` [chunk_rows, width] (C-contiguous)."""
+        encoded = self._encoded(index)
+        if encoded is None:
+            dest[...] = self.fill
+            return
+        # Blosc frame header: bytes 4-7 hold the decoded size (little-endian uint32).
+        self._check_size(index, int.from_bytes(encoded[4:8], "little") if len(encoded) >= 16 else -1)
+        self.blosc.decode(encoded, out=dest)
+
+    def rows(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows [lo, hi) as [hi - lo, width]. Given `out` (that shape and dtype, C-contiguous, e.g. a
+        row range of a pinned batch), they land there, whole chunks decoded straight into it: one
+        pass over the bytes instead of decode, gather and copy."""
         if not 0 <= lo <= hi <= self.num_rows:
             raise IndexError(f"{self.path}: rows [{lo}, {hi}) outside [0, {self.num_rows})")
-        out = np.empty((hi - lo, self.width), dtype=self.dtype)
+        if out is None:
+            out = np.empty((hi - lo, self.width), dtype=self.dtype)
+        elif out.shape != (hi - lo, self.width) or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise ValueError(
+                f"{self.path}: out is {out.shape} {out.dtype}, expected C-contiguous "
+                f"{(hi - lo, self.width)} {self.dtype}"
+            )
         size = self.chunk_rows
         for index in range(lo // size, (hi + size - 1) // size):
             start, stop = max(lo, index * size), min(hi, (index + 1) * size)
-            out[start - lo : stop - lo] = self.chunk(index)[start - index * size : stop - index * size]
+            if stop - start == size:
+                self._decode_into(index, out[start - lo : stop - lo])
+            else:
+                out[start - lo : stop - lo] = self.chunk(index)[start - index * size : stop - index * size]
         return out

@@ -358,6 +358,25 @@ class HiddenStore:
     def num_samples(self) -> int:
         return len(self.sample_offsets) - 1
 
+    @property
+    def sample_dtype(self) -> torch.dtype:
+        """What `sample` returns: bf16 from a bf16 store, float32 (dequantized) from an fp8 store."""
+        return torch.bfloat16 if self.scale is None else torch.float32
+
+    def sample_into(self, index: int, aux_out: torch.Tensor, final_out: torch.Tensor) -> None:
+        """Sample `index` written into aux_out [T, K*H] and final_out [T, H] (contiguous CPU tensors,
+        e.g. rows of a pinned batch). From a bf16 store into bf16 tensors, chunks decode straight
+        into them; otherwise through `sample` and a copy."""
+        lo, hi = int(self.sample_offsets[index]), int(self.sample_offsets[index + 1])
+        direct = self.scale is None and aux_out.dtype == final_out.dtype == torch.bfloat16
+        if not (direct and aux_out.is_contiguous() and final_out.is_contiguous()):
+            aux, final = self.sample(index)
+            aux_out.copy_(aux)
+            final_out.copy_(final)
+            return
+        for name, out in (("aux", aux_out), ("final", final_out)):
+            self._rows[name](lo, hi, out=out.view(torch.uint16).numpy())
+
     def sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(aux [T, K*H], final [T, H]): bf16 tensors from a bf16 store, float32 ones (dequantized)
         from an fp8 store."""
@@ -374,8 +393,14 @@ class HiddenStore:
         return aux, fp8_dequantize(final, scale[:, taps])
 
 
-def _zarr_rows(array: zarr.Array) -> Callable[[int, int], np.ndarray]:
-    return lambda lo, hi: array[lo:hi]
+def _zarr_rows(array: zarr.Array) -> Callable[..., np.ndarray]:
+    def rows(lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            return array[lo:hi]
+        out[...] = array[lo:hi]
+        return out
+
+    return rows
 
 
 def list_hidden_stores(directory: str | os.PathLike, num_shards: int) -> tuple[list[Path], list[int]]:

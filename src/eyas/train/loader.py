@@ -148,24 +148,28 @@ class PairedLoader:
         picks = self.samples[rows]
         t_max = int(picks[:, 2].max())
         b = len(picks)
-        ids = torch.zeros(b, t_max, dtype=torch.int64)
-        mask = torch.zeros(b, t_max, dtype=torch.int64)
-        aux = final = None
+        # Allocated pinned when asked, and filled in place: stored chunks decode straight into the
+        # batch (no per-sample tensors, no pinning copy). bf16 unless an fp8 store is among them.
+        used = [self._store(pair, stores) for pair in np.unique(picks[:, 0]).tolist()]
+        dtype = torch.bfloat16 if all(st.sample_dtype == torch.bfloat16 for st in used) else torch.float32
+        pin = self.pin_memory
+        ids = torch.zeros(b, t_max, dtype=torch.int64, pin_memory=pin)
+        mask = torch.zeros(b, t_max, dtype=torch.int64, pin_memory=pin)
+        aux = torch.empty(b, t_max, used[0].aux.shape[1], dtype=dtype, pin_memory=pin)  # [B, T, K*H]
+        final = torch.empty(b, t_max, used[0].final.shape[1], dtype=dtype, pin_memory=pin)  # [B, T, H]
         for row, (pair, s, length) in enumerate(picks.tolist()):
-            a, f = self._store(pair, stores).sample(s)  # [T, K*H], [T, H]: bf16, or float32 from fp8
-            if aux is None:
-                aux = a.new_zeros(b, t_max, a.shape[1])
-                final = f.new_zeros(b, t_max, f.shape[1])
-            aux[row, :length] = a
-            final[row, :length] = f
+            self._store(pair, stores).sample_into(s, aux[row, :length], final[row, :length])
+            aux[row, length:] = 0  # padding: zeros, never stale memory (NaN bits would leak through
+            final[row, length:] = 0  # attention's zero weights)
             input_ids, loss_mask, offsets = self.tokens[pair]
             lo = int(offsets[s])
             ids[row, :length] = torch.from_numpy(input_ids[lo : lo + length].astype(np.int64))
             mask[row, :length] = torch.from_numpy(loss_mask[lo : lo + length].astype(np.int64))
         lengths = torch.as_tensor(picks[:, 2])
         valid = torch.arange(t_max)[None, :] < lengths[:, None]
-        batch = Batch(aux, final, ids, mask, valid, lengths)
-        return batch.pin() if self.pin_memory else batch
+        if pin:
+            lengths, valid = lengths.pin_memory(), valid.pin_memory()
+        return Batch(aux, final, ids, mask, valid, lengths)
 
     def _store(self, pair: int, stores: dict[int, HiddenStore]) -> HiddenStore:
         if pair not in stores:
