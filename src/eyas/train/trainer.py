@@ -153,10 +153,11 @@ def stores_summary(store_attrs: list[dict]) -> dict:
 
 def loader_readers(device: torch.device, threads: int | None) -> int:
     """Reader threads of the loader: one on CPU, where the step needs every core; on a GPU host
-    half the job's threads, up to 8 (Blosc decoding scales with threads: bench/README.md)."""
+    half the job's threads, up to 4. On the H200 host 4 readers fed the 8B-shape trainer 2.4x its
+    rate, 8 only 2.0x (bench/README.md, trainer section)."""
     if device.type != "cuda":
         return 1
-    return max(1, min(8, (threads or os.cpu_count() or 2) // 2))
+    return max(1, min(4, (threads or os.cpu_count() or 2) // 2))
 
 
 def heldout_metrics(model, settings, heldout: dict, model_dir: str, expected: dict, device) -> dict:
