@@ -303,12 +303,14 @@ def train(
             "best": best,
         }
 
-    def checkpoint_now() -> None:
+    def checkpoint_now() -> Eagle3Drafter | None:
+        """Save a checkpoint; returns the gathered drafter it saved (rank 0; None elsewhere)."""
         state = snapshot()  # collectives (seen, sharded optimizer state): every rank takes part
         whole = spread.full_drafter()
         if world.main:
             save_checkpoint(ckpt, whole, extra, state)
         ddp.barrier(world)
+        return whole
 
     def finish_epoch(complete: bool) -> None:
         """Coverage check (every sample exactly once per complete epoch), held-out tau, best weights."""
@@ -407,8 +409,7 @@ def train(
         "padded_microbatches": sum(e["padded_microbatches"] for e in epochs),
         "selected": best or None,
     }
-    checkpoint_now()
-    whole = spread.full_drafter()
+    whole = checkpoint_now()  # the final weights, gathered once for the checkpoint and the output
     if world.main:
         source = best_dir if best else None
         with atomic_dir(out_dir) as tmp:
