@@ -47,7 +47,8 @@ def train_step(spread: Replicated, teacher: Teacher, micro, settings, amp, devic
     for batch in micro:
         if batch is None:
             if spread.runs_padding:
-                pad = padding_batch(config.hidden_size, 3, device, teacher.head.dtype)
+                taps = len(config.aux_layer_ids)
+                pad = padding_batch(config.hidden_size, taps, device, teacher.head.dtype)
                 prepared.append((pad, torch.zeros_like(pad.valid), False))
             continue
         # Hidden states in the teacher's dtype (the autocast dtype, else float32): under autocast
