@@ -4,7 +4,7 @@ JSONs (scripts/specdec.py) into summary.json and the acceptance plot."""
 import json
 from pathlib import Path
 
-from eyas.evaluate.stage import run_evaluation
+from eyas.evaluate.stage import baseline_dirs, run_evaluation
 from eyas.logs import setup_stage_logging
 
 sm = snakemake  # noqa: F821
@@ -19,9 +19,7 @@ summary = run_evaluation(
     out_plot=sm.output.plot,
     settings=sm.params.settings,
     ttt_steps=sm.params.ttt_steps,
-    baselines=[
-        {"name": n, "path": p} for n, p in zip(sm.params.baseline_names, sm.input.baselines, strict=True)
-    ],
+    baselines=baseline_dirs(sm.params.baseline_names, sm.input.baselines),
     threads=sm.threads,
 )
 log.info("evaluate: tau by set %s", json.dumps(summary["headline"]["tau_by_set"]))

@@ -1,6 +1,6 @@
 """Real speculative decoding of the trained drafter and baselines on one evaluation set (wildcard `set`)."""
 
-from eyas.evaluate.stage import run_specdec_set
+from eyas.evaluate.stage import baseline_dirs, run_specdec_set
 from eyas.logs import setup_stage_logging
 
 sm = snakemake  # noqa: F821
@@ -12,9 +12,7 @@ result = run_specdec_set(
     model_dir=sm.input.model,
     out_json=sm.output.json,
     settings=sm.params.settings,
-    baselines=[
-        {"name": n, "path": p} for n, p in zip(sm.params.baseline_names, sm.input.baselines, strict=True)
-    ],
+    baselines=baseline_dirs(sm.params.baseline_names, sm.input.baselines),
     threads=sm.threads,
     trust_remote_code=sm.params.trust_remote_code,
 )

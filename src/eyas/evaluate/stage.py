@@ -67,6 +67,11 @@ def _load_baseline(name: str, path: str, expected: dict) -> Eagle3Drafter:
     return Eagle3Drafter.from_pretrained(path).eval()
 
 
+def baseline_dirs(names: list[str], paths: list[str]) -> list[dict]:
+    """`evaluate.baselines` as [{name, path}], from a rule's parallel lists of names and input dirs."""
+    return [{"name": n, "path": p} for n, p in zip(names, paths, strict=True)]
+
+
 def load_drafters(
     drafter_dir: str, model_dir: str, baselines: list[dict] | None
 ) -> tuple[dict[str, Eagle3Drafter], dict, dict]:
