@@ -49,7 +49,7 @@ rule export_speculators:
         runtime=10,
     params:
         verifier=EYAS.model_id,
-        speculative_tokens=EYAS.evaluate.num_draft_tokens,
+        speculative_tokens=EYAS.evaluate.num_draft_tokens[0],
         version=STAGE_VERSION["export"],
     script:
         "../scripts/export_speculators.py"
