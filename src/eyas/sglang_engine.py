@@ -32,6 +32,7 @@ log = logging.getLogger("eyas.sglang")
 
 TESTED = ((0, 5, 17), (0, 5, 23))  # inclusive range of releases eyas was built and tested against
 EAGLE3_DRAFT_ARCH = "LlamaForCausalLMEagle3"
+LOAD_FORMAT_AUTO = "auto"  # SGLang's LoadFormat.AUTO: the dir's safetensors, else its .bin/.pt files
 # Args every eyas engine sets itself (from its own config keys): never from `engine_args`.
 BASE_OWNED_ARGS = frozenset(
     {
@@ -188,11 +189,12 @@ def _refresh_hot_token_ids(draft_worker, runner) -> None:
         old.copy_(new.to(old.device))
 
 
-def swap_draft_weights(draft_worker, path: str) -> tuple[bool, str]:
+def swap_draft_weights(draft_worker, path: str, load_format: str | None) -> tuple[bool, str]:
     """Load the drafter at `path` into every draft runner in place; (success, message)."""
     try:
         for runner in _draft_runners(draft_worker):
-            ok, message = runner.weight_updater.update_weights_from_disk(path, None)
+            load = load_format or LOAD_FORMAT_AUTO
+            ok, message = runner.weight_updater.update_weights_from_disk(path, load)
             if not ok:
                 return False, f"{path}: {message}"
             _refresh_hot_token_ids(draft_worker, runner)
@@ -215,7 +217,7 @@ def install_draft_swap() -> None:
     def update_weights_from_disk(self, recv_req):
         if not is_eagle3_draft_dir(recv_req.model_path) or self.draft_worker is None:
             return original(self, recv_req)
-        success, message = swap_draft_weights(self.draft_worker, recv_req.model_path)
+        success, message = swap_draft_weights(self.draft_worker, recv_req.model_path, recv_req.load_format)
         if success:
             self.flush_cache()  # nothing is cached across drafters (radix cache off); frees the pool
         else:

@@ -47,7 +47,8 @@ def dirs(tmp_path):
     target = model_dir(tmp_path / "target", TARGET)
     draft = model_dir(
         tmp_path / "draft",
-        TARGET | {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "draft_vocab_size": 64},
+        TARGET
+        | {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "draft_vocab_size": 64},
     )
     return target, draft
 
@@ -108,7 +109,8 @@ def test_draft_swap_reaches_the_draft_runners_only(dirs, monkeypatch):
     draft_runner = SimpleNamespace(weight_updater=Updater("draft", calls), model=draft_model)
     inner = SimpleNamespace(draft_runners=[draft_runner], hot_token_id=torch.arange(4))
     spec_worker = SimpleNamespace(
-        draft_worker=inner, weight_update_runners=lambda: [("draft", runner) for runner in inner.draft_runners]
+        draft_worker=inner,
+        weight_update_runners=lambda: [("draft", runner) for runner in inner.draft_runners],
     )
     target_runner = SimpleNamespace(weight_updater=Updater("target", calls))
     tp_worker = SimpleNamespace(weight_update_runners=lambda: [("target", target_runner)])
