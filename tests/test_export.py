@@ -1,4 +1,6 @@
-"""SGLang export: exact keys, shapes, dtypes, bf16-rounded values, config fields, validation."""
+"""SGLang and speculators exports: exact keys, shapes, dtypes, bf16-rounded values, config fields,
+validation, the verifier check. The engines' own loaders are tested in tests/speculators/ and
+tests/sglang/ (their own venvs); vLLM's in test_vllm_* below (a table read from its sources)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,20 @@ import torch
 from safetensors.torch import load_file
 from test_drafter import tiny_config  # tests/ is on sys.path (rootdir conftest, no package)
 
-from eyas.export import expected_tensors, export_sglang, load_export, sglang_tensors, validate_tensors
+from eyas.export import (
+    check_verifier,
+    expected_speculators_tensors,
+    expected_tensors,
+    export_sglang,
+    export_speculators,
+    load_export,
+    sglang_tensors,
+    validate_tensors,
+)
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
+from eyas.provenance import model_hash
+
+HUB_VERIFIER = "org/target"  # a well-formed Hub id, not cached here: accepted unchecked
 
 
 def _config(**overrides) -> DrafterConfig:
@@ -80,11 +94,9 @@ def test_validation_names_the_key(drafter_dir):
 
 
 def test_speculators_config_and_layer_id_convention(drafter_dir, tmp_path):
-    from eyas.export import export_speculators
-
     src, model = drafter_dir
     info = export_speculators(
-        src, tmp_path / "spec", "org/target", ["LlamaForCausalLM"], speculative_tokens=4
+        src, tmp_path / "spec", HUB_VERIFIER, ["LlamaForCausalLM"], speculative_tokens=4
     )
     cfg = json.loads((tmp_path / "spec" / "config.json").read_text())
     assert cfg["architectures"] == ["Eagle3Speculator"] and cfg["speculators_model_type"] == "eagle3"
@@ -93,20 +105,31 @@ def test_speculators_config_and_layer_id_convention(drafter_dir, tmp_path):
     assert cfg["eyas_conversion"]["drafter_aux_layer_ids"] == [1, 14, 26]
     spec = cfg["speculators_config"]
     assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
-    assert spec["verifier"] == {"name_or_path": "org/target", "architectures": ["LlamaForCausalLM"]}
+    assert spec["verifier"] == {"name_or_path": HUB_VERIFIER, "architectures": ["LlamaForCausalLM"]}
+    assert info["verifier_kind"] == "hub" and info["verifier_checked"] is False
     assert spec["proposal_methods"][0]["speculative_tokens"] == 4
     layer = cfg["transformer_layer_config"]
     assert layer["num_hidden_layers"] == 1 and layer["vocab_size"] == 100 and cfg["draft_vocab_size"] == 40
-    assert cfg["norm_before_residual"] is False
+    # every flag vLLM/speculators default is explicit (vLLM 0.33.0 defaults norm_before_residual to true)
+    for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+        assert cfg[flag] is False, flag
+    assert "model_type" not in cfg  # vLLM detects the speculators format by its absence
     weights = load_file(str(tmp_path / "spec" / "model.safetensors"))
-    assert set(weights) == set(expected_tensors(model.config))
+    assert (
+        set(weights)
+        == set(expected_speculators_tensors(model.config))
+        == set(expected_tensors(model.config)) | {"embed_tokens.weight"}
+    )
+    # the embedding the drafter was trained with (the target's), bf16-rounded, never zeros
+    embed = weights["embed_tokens.weight"]
+    assert embed.dtype == torch.bfloat16 and tuple(embed.shape) == (100, 32)
+    assert torch.equal(embed, model.embed_tokens.weight.detach().to(torch.bfloat16))
+    assert float(embed.float().abs().sum()) > 0
 
 
 @pytest.mark.parametrize("kind", ["sglang", "speculators"])
 def test_export_reloads_and_computes_what_the_trained_model_computes(drafter_dir, tmp_path, kind):
     """Each export, rebuilt from its own config + weights, drafts like the trained model (bf16 weights)."""
-    from eyas.export import export_speculators, load_export
-
     src, _ = drafter_dir
     trained = Eagle3Drafter.from_pretrained(src).eval()
     with torch.no_grad():  # weights at the scale real drafters have, so bf16 rounding is realistic
@@ -116,9 +139,10 @@ def test_export_reloads_and_computes_what_the_trained_model_computes(drafter_dir
     out = tmp_path / kind
     if kind == "sglang":
         export_sglang(tmp_path / "trained", out)
-    else:
-        export_speculators(tmp_path / "trained", out, "org/target", ["LlamaForCausalLM"])
-    reloaded = load_export(out, trained.embed_tokens.weight)
+        reloaded = load_export(out, trained.embed_tokens.weight)
+    else:  # the speculators export carries its own embedding
+        export_speculators(tmp_path / "trained", out, HUB_VERIFIER, ["LlamaForCausalLM"])
+        reloaded = load_export(out)
     assert reloaded.config == trained.config
     torch.manual_seed(1)
     aux = torch.randn(2, 12, 96)
@@ -147,3 +171,91 @@ def test_deepseek_family_export_writes_sglang_ids_and_reads_them_back(tmp_path):
     assert summary["sglang_aux_layer_ids"] == [3, 15, 27] and summary["aux_layer_ids"] == [2, 14, 26]
     reloaded = load_export(tmp_path / "sglang", model.embed_tokens.weight.detach())
     assert reloaded.config.aux_layer_ids == [2, 14, 26]
+
+
+# --------------------------------------------------------------------------- the speculators verifier
+def _target_dir(tmp_path, hidden=32, vocab=100, layers=30, weights=True):
+    """A stand-in target dir: config.json (+ an empty safetensors file) shaped like the drafter's target."""
+    from safetensors.torch import save_file
+
+    d = tmp_path / f"target-{hidden}-{vocab}-{layers}-{weights}"
+    d.mkdir()
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden}
+    config |= {"vocab_size": vocab, "num_hidden_layers": layers}
+    (d / "config.json").write_text(json.dumps(config))
+    if weights:
+        save_file({"model.norm.weight": torch.ones(hidden)}, str(d / "model.safetensors"))
+    return d
+
+
+def test_verifier_directory_must_be_the_drafters_target(drafter_dir, tmp_path):
+    _, model = drafter_dir
+    cfg = model.config
+    target = _target_dir(tmp_path)
+    assert check_verifier(str(target), cfg) == {"name_or_path": str(target), "kind": "path", "checked": True}
+    assert check_verifier(str(target), cfg, model_hash(target))["checked"] is True
+    with pytest.raises(ValueError, match=r"export\.verifier: .*model_hash differs"):
+        check_verifier(str(target), cfg, "another-model")
+    for bad, why in (
+        (_target_dir(tmp_path, hidden=64), "hidden_size=64"),
+        (_target_dir(tmp_path, vocab=101), "vocab_size=101"),
+        (_target_dir(tmp_path, layers=20), "taps hidden state 27"),  # vLLM ids [2, 15, 27]
+        (_target_dir(tmp_path, weights=False), "no model.safetensors"),
+        (tmp_path / "missing" / "model", "path that does not exist"),
+    ):
+        with pytest.raises(ValueError, match=rf"^export\.verifier: .*{why}"):
+            check_verifier(str(bad), cfg)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="export.verifier: .*not a model directory with a config.json"):
+        check_verifier(str(tmp_path / "empty"), cfg)
+
+
+def test_verifier_relative_path_is_refused(drafter_dir, tmp_path, monkeypatch):
+    _, model = drafter_dir
+    target = _target_dir(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="export.verifier: .*relative path"):
+        check_verifier(target.name, model.config)
+
+
+@pytest.mark.parametrize("name", ["smollm2", "", "org/a/b", "org--x/y", "-org/x", "org/x y"])
+def test_verifier_that_cannot_resolve_is_refused_naming_the_key(drafter_dir, tmp_path, name):
+    """The issue's case: the project's internal id 'smollm2' is neither a path nor a Hub id."""
+    src, _ = drafter_dir
+    with pytest.raises(ValueError, match=r"^export\.verifier: .*set export\.verifier to"):
+        export_speculators(src, tmp_path / "spec", name, ["LlamaForCausalLM"])
+    assert not (tmp_path / "spec").exists()  # nothing written
+
+
+def test_verifier_hub_id_in_the_local_cache_is_checked(drafter_dir, tmp_path, monkeypatch):
+    """A Hub id whose config.json is in the local HF cache is checked like a directory (no network)."""
+    pytest.importorskip("huggingface_hub")
+    import huggingface_hub
+
+    _, model = drafter_dir
+    wrong = _target_dir(tmp_path, hidden=64) / "config.json"
+    right = _target_dir(tmp_path) / "config.json"
+    cache = {"org/wrong": str(wrong), "org/right": str(right)}
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: cache.get(repo))
+    assert check_verifier("org/right", model.config) == {
+        "name_or_path": "org/right",
+        "kind": "hub",
+        "checked": True,
+    }
+    with pytest.raises(ValueError, match="export.verifier: 'org/wrong' is not the drafter's target"):
+        check_verifier("org/wrong", model.config)
+    assert check_verifier("org/uncached", model.config)["checked"] is False
+
+
+def test_export_speculators_with_the_target_dir_as_verifier(drafter_dir, tmp_path):
+    """The default (null -> the job's model dir, absolute) resolves: the dir is written verbatim; a dir
+    that is not the model of the drafter's provenance (fixture: model_hash 'm') is refused."""
+    src, model = drafter_dir
+    target = _target_dir(tmp_path)
+    with pytest.raises(ValueError, match="export.verifier: .*model_hash differs"):
+        export_speculators(src, tmp_path / "spec", str(target), ["LlamaForCausalLM"])
+    model.save_pretrained(tmp_path / "drafter2", extra_config={"model_hash": model_hash(target)})
+    info = export_speculators(tmp_path / "drafter2", tmp_path / "spec", str(target), ["LlamaForCausalLM"])
+    cfg = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(target) == info["verifier"]
+    assert info["verifier_kind"] == "path" and info["verifier_checked"] is True
