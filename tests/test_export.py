@@ -5,7 +5,6 @@ tests/sglang/ (their own venvs); vLLM's in test_vllm_* below (a table read from 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -263,28 +262,15 @@ def test_export_speculators_with_the_target_dir_as_verifier(drafter_dir, tmp_pat
 
 
 # --------------------------------------------------------------------------- vLLM 0.33.0 (a table)
-# vLLM cannot be imported here: its 0.33.0 wheel pins a CUDA torch 2.14.0 and its package import
-# initialises the platform and compiled ops. What its loader does with a speculators Eagle-3 dir, as
-# read in the vllm==0.33.0 wheel (facts, restated in this test's own code):
-# - vllm/transformers_utils/config.py: a config.json with no top-level `model_type` and a
-#   `speculators_config` is the speculators format; `vllm serve <dir>` then serves
-#   `speculators_config.verifier.name_or_path` as the target, and refuses it unless it is a Hub repo id
-#   that is not an existing local path ("Select local verifiers explicitly with --model and
-#   --speculative-config").
-# - vllm/transformers_utils/configs/speculators/base.py: requires `speculators_model_type`,
-#   `speculators_config.proposal_methods[0].speculative_tokens` (-> num_speculative_tokens) and
-#   `speculators_config.verifier.name_or_path`.
-# - .../speculators/algos.py, eagle3: the draft config is `transformer_layer_config` plus
-#   draft_vocab_size, target_hidden_size, eagle_aux_hidden_state_layer_ids, and the flags below, each
-#   with its default when absent (norm_before_residual: TRUE); model_type llama -> Eagle3LlamaForCausalLM.
-# - vllm/model_executor/models/llama_eagle3.py, Eagle3LlamaForCausalLM.load_weights: names holding
-#   "t2d" are skipped; "d2t" becomes `draft_id_to_target_id`; every other name but lm_head gets a
-#   "model." prefix; q/k/v_proj stack into qkv_proj, gate/up_proj into gate_up_proj ("midlayer." is
-#   read as "layers.0."); an `embed_tokens` weight marks the drafter as having its own embedding, which
-#   the proposer still shares with the target when equal (v1/spec_decode/llm_base_proposer.py).
-VLLM_EAGLE3_FLAG_DEFAULTS = {"norm_before_residual": True, "norm_before_fc": False, "fc_norm": False}
-VLLM_EAGLE3_FLAG_DEFAULTS["norm_output"] = False
-VLLM_EAGLE3_ARCH = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
+# vLLM's config code reads the export in tests/speculators/test_vllm_config.py (it imports on CPU); its
+# Eagle-3 model class does not (it imports the engine, which pins a CUDA torch 2.14.0). What that class
+# does with the weights, as read in the vllm==0.33.0 wheel, restated in this test's own code:
+# vllm/model_executor/models/llama_eagle3.py, Eagle3LlamaForCausalLM.load_weights: names holding "t2d"
+# are skipped; "d2t" becomes `draft_id_to_target_id`; every other name but lm_head gets a "model."
+# prefix; LlamaModel's mapper reads "midlayer." as "layers.0." and stacks q/k/v_proj into qkv_proj,
+# gate/up_proj into gate_up_proj. A name that matches no parameter is skipped silently. An
+# `embed_tokens` weight marks the drafter as having its own embedding, which the proposer still shares
+# with the target when the two are equal (v1/spec_decode/llm_base_proposer.py).
 VLLM_STACKED = {".q_proj": (".qkv_proj", "q"), ".k_proj": (".qkv_proj", "k"), ".v_proj": (".qkv_proj", "v")}
 VLLM_STACKED |= {".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)}
 # Eagle3LlamaForCausalLM's parameters for a one-layer llama drafter with aux states, no norm before
@@ -323,45 +309,6 @@ def vllm_weight_name(name: str) -> tuple[str, str | int | None] | None:
     return name, None
 
 
-def vllm_eagle3_draft_config(config: dict) -> dict:
-    """The draft model config vLLM 0.33.0 builds from a speculators config.json (or raises)."""
-    if config.get("model_type") is not None or config.get("speculators_config") is None:
-        raise ValueError("not recognised as the speculators format")
-    if config.get("speculators_model_type") != "eagle3":
-        raise ValueError("speculators_model_type")
-    spec = config["speculators_config"]
-    draft = dict(config.get("transformer_layer_config", {}))
-    draft["num_speculative_tokens"] = spec["proposal_methods"][0]["speculative_tokens"]
-    draft["verifier"] = spec["verifier"]["name_or_path"]
-    draft["draft_vocab_size"] = config.get("draft_vocab_size")
-    if config.get("target_hidden_size") is not None:
-        draft["target_hidden_size"] = config["target_hidden_size"]
-    for flag, default in VLLM_EAGLE3_FLAG_DEFAULTS.items():
-        draft[flag] = config.get(flag, default)
-    draft["architectures"] = [VLLM_EAGLE3_ARCH[draft.get("model_type", "llama")]]
-    if config.get("eagle_aux_hidden_state_layer_ids"):
-        draft["eagle_aux_hidden_state_layer_ids"] = config["eagle_aux_hidden_state_layer_ids"]
-    return draft
-
-
-def test_vllm_0_33_reads_the_speculators_config_as_eyas_means_it(drafter_dir, tmp_path):
-    src, model = drafter_dir
-    export_speculators(src, tmp_path / "spec", HUB_VERIFIER, ["LlamaForCausalLM"], speculative_tokens=4)
-    config = json.loads((tmp_path / "spec" / "config.json").read_text())
-    draft = vllm_eagle3_draft_config(config)
-    assert draft["architectures"] == ["Eagle3LlamaForCausalLM"]
-    assert draft["num_speculative_tokens"] == 4 and draft["verifier"] == HUB_VERIFIER
-    assert draft["norm_before_residual"] is False  # eyas's layer; vLLM's default would be True
-    assert not draft["norm_before_fc"] and not draft["fc_norm"] and not draft["norm_output"]
-    assert draft["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]  # hidden_states indices
-    assert draft["draft_vocab_size"] == 40 and draft["vocab_size"] == 100
-    assert draft["target_hidden_size"] == draft["hidden_size"] == 32
-    assert draft["num_hidden_layers"] == 1 and draft["head_dim"] == 8
-    # the guard: without the explicit field vLLM would build the other residual
-    without = {k: v for k, v in config.items() if k != "norm_before_residual"}
-    assert vllm_eagle3_draft_config(without)["norm_before_residual"] is True
-
-
 def test_vllm_0_33_loads_every_export_key_into_every_parameter(drafter_dir, tmp_path):
     src, model = drafter_dir
     export_speculators(src, tmp_path / "spec", HUB_VERIFIER, ["LlamaForCausalLM"])
@@ -389,21 +336,3 @@ def test_vllm_0_33_loads_every_export_key_into_every_parameter(drafter_dir, tmp_
         rows = sum(shape[0] for _, shape in pieces)
         assert (rows, *pieces[0][1][1:]) == want, (param, pieces, want)
     assert weights["d2t"].dtype == torch.int64  # draft_id_to_target_id is a long parameter
-
-
-def test_vllm_serve_of_the_export_alone_needs_a_hub_verifier(drafter_dir, tmp_path):
-    """`vllm serve <export>` takes its target from the verifier and refuses a local path (0.33.0): the
-    default export (a local dir) is served as `vllm serve <model dir> --speculative-config ...`
-    (README). A Hub id export can be served either way."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    def vllm_serve_accepts(verifier: str) -> bool:
-        try:
-            validate_repo_id(verifier)
-        except HFValidationError:
-            return False
-        return not Path(verifier).exists()
-
-    target = _target_dir(tmp_path)
-    assert not vllm_serve_accepts(str(target))
-    assert vllm_serve_accepts(HUB_VERIFIER)

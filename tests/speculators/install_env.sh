@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The third test environment: the real speculators 0.9.0 (vLLM's drafter format) importable on CPU, for
-# tests/speculators/.
+# The third test environment: the real speculators 0.9.0 (vLLM's drafter format) importable on CPU, and
+# vLLM 0.33.0's config code (not its engine), for tests/speculators/.
 #
 #   bash tests/speculators/install_env.sh      # creates or refreshes .venv-speculators (idempotent)
 #
 # Everything comes from tests/speculators/requirements.txt, fully pinned and installed with --no-deps
 # (speculators lists torchvision/torchaudio, which it does not import and whose wheels do not match
-# the CPU torch). torch 2.13.0 CPU: pip takes it from this machine's disk for Python 3.11. ~1.5 GB.
+# the CPU torch; vLLM pins a CUDA torch 2.14.0, of which its config code needs nothing). torch 2.13.0
+# CPU: pip takes it from this machine's disk for Python 3.11. ~2.4 GB (vLLM's wheel: 0.9 GB of it).
 # A second run with nothing changed returns at once (stamp = hash of the requirements, pyproject.toml
 # and this script).
 set -euo pipefail
@@ -40,6 +41,7 @@ import importlib
 
 for name in (
     "speculators.models.eagle3",
+    "vllm.transformers_utils.config",
     "transformers.models.llama.modeling_llama",
     "eyas.export",
     "eyas.target",

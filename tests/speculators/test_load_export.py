@@ -32,44 +32,22 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from speculators.models.eagle3 import Eagle3DraftModel  # noqa: E402
 
-from eyas.export import export_speculators, vllm_layer_ids  # noqa: E402
-from eyas.model.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
-from eyas.provenance import model_hash  # noqa: E402
-from eyas.target import load_embed_and_head, read_config  # noqa: E402
+from eyas.export import vllm_layer_ids  # noqa: E402
+from eyas.model.drafter import Eagle3Drafter  # noqa: E402
+from eyas.target import load_embed_and_head  # noqa: E402
 
-DRAFT_VOCAB = 512
-AUX_IDS = [0, 1, 2]  # drafter convention on the 4-layer tiny target; vLLM/speculators [1, 2, 3]
-STEPS = 3
+AUX_IDS, DRAFT_VOCAB, STEPS = [0, 1, 2], 512, 3  # as conftest.py's tiny_export (checked in `exported`)
 SEQ = 128  # flex attention masks come in 128-token blocks: speculators extends them per TTT step
 
 
 @pytest.fixture(scope="module")
-def exported(tiny_model_dir, tmp_path_factory):
-    """A drafter shaped like the tiny target (its embedding, a random draft vocab, weights at the scale
-    trained ones have), exported with the target's dir as verifier (what `export.verifier: null`
-    writes), and the trained drafter itself."""
-    out = tmp_path_factory.mktemp("speculators")
-    cfg = DrafterConfig.from_target_config(read_config(tiny_model_dir), DRAFT_VOCAB, AUX_IDS)
-    torch.manual_seed(0)
-    model = Eagle3Drafter(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            elif p.dim() == 2 and name != "embed_tokens.weight":
-                p.normal_(0, p.shape[1] ** -0.5)
-    embed, _ = load_embed_and_head(tiny_model_dir)
-    model.set_target_embedding(embed)
-    target_ids = torch.randperm(cfg.vocab_size)[:DRAFT_VOCAB].sort().values
-    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-    t2d[target_ids] = True
-    model.set_vocab(target_ids - torch.arange(DRAFT_VOCAB), t2d)
-    model.save_pretrained(out / "drafter", extra_config={"model_hash": model_hash(tiny_model_dir)})
-    info = export_speculators(
-        out / "drafter", out / "export", str(tiny_model_dir), ["LlamaForCausalLM"], speculative_tokens=STEPS
+def exported(tiny_export):
+    assert (tiny_export["aux_ids"], tiny_export["draft_vocab"], tiny_export["steps"]) == (
+        AUX_IDS,
+        DRAFT_VOCAB,
+        STEPS,
     )
-    assert info["verifier"] == str(tiny_model_dir) and info["verifier_checked"] is True
-    return out / "export", model.eval()
+    return tiny_export["export"], tiny_export["model"]
 
 
 @pytest.fixture(scope="module")
