@@ -45,6 +45,7 @@ def tiny_export(tiny_model_dir, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("speculators")
     cfg = DrafterConfig.from_target_config(read_config(tiny_model_dir), DRAFT_VOCAB, AUX_IDS)
+    cfg.rope_theta = 1e5  # not transformers' default 1e4: a reader that dropped it would draft differently
     torch.manual_seed(0)
     model = Eagle3Drafter(cfg)
     with torch.no_grad():

@@ -9,8 +9,8 @@ What this checks (issue 17):
   `Eagle3DraftModel._keys_to_ignore_on_load_missing` and fills from the verifier itself
   (`verifier_norm`, `verifier_lm_head`: training-only teacher weights).
 - Values: every loaded tensor equals the export's (bf16 -> fp32 exactly); the embedding is the
-  target's, not zeros (speculators 0.9.0 leaves a missing one at zeros without a warning).
-- Config: the aux layer ids, vocab sizes, `norm_before_residual` and the verifier as speculators reads them.
+  target's (speculators 0.9.0 leaves a missing one as allocated, zeros in issue 17, with no warning).
+- Config: the aux layer ids, vocab sizes, flags, RoPE base and the verifier as speculators reads them.
 - Forward: speculators' own TTT forward over the same taps and tokens gives the logits eyas's drafter
   gives, for 3 TTT steps: to fp32 rounding against the drafter with the same (bf16-rounded) weights,
   and within bf16 tolerance against the trained fp32 drafter.
@@ -65,6 +65,7 @@ def test_config_as_speculators_reads_it(exported, loaded, tiny_model_dir):
     assert config.eagle_aux_hidden_state_layer_ids == vllm_layer_ids(AUX_IDS) == [1, 2, 3]
     assert config.draft_vocab_size == DRAFT_VOCAB and loaded.use_draft_vocab
     assert config.transformer_layer_config.vocab_size == trained.config.vocab_size
+    assert config.transformer_layer_config.rope_parameters["rope_theta"] == trained.config.rope_theta == 1e5
     assert config.norm_before_residual is False and config.norm_before_fc is False
     assert config.fc_norm is False and config.norm_output is False
     assert loaded.input_norm is None and loaded.fc_norm is None and len(loaded.layers) == 1
