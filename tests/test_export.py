@@ -5,6 +5,7 @@ tests/sglang/ (their own venvs); vLLM's in test_vllm_* below (a table read from 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -336,3 +337,34 @@ def test_vllm_0_33_loads_every_export_key_into_every_parameter(drafter_dir, tmp_
         rows = sum(shape[0] for _, shape in pieces)
         assert (rows, *pieces[0][1][1:]) == want, (param, pieces, want)
     assert weights["d2t"].dtype == torch.int64  # draft_id_to_target_id is a long parameter
+
+
+def test_rule_script_default_verifier_is_the_absolute_model_dir(drafter_dir, tmp_path):
+    """scripts/export_speculators.py as the rule runs it, `export.verifier: null`, a relative model dir:
+    the export names the dir's absolute path (speculators resolves it from any working directory)."""
+    import subprocess
+    import sys
+
+    src, model = drafter_dir
+    work = tmp_path / "work"
+    target = _target_dir(tmp_path)
+    (work / "results" / "assets").mkdir(parents=True)
+    target.rename(work / "results" / "assets" / "model")
+    model.save_pretrained(
+        work / "drafter", extra_config={"model_hash": model_hash(work / "results" / "assets" / "model")}
+    )
+    script = Path(__file__).parents[1] / "scripts" / "export_speculators.py"
+    stub = (
+        "import runpy, types\n"
+        "ns = types.SimpleNamespace\n"
+        "sm = ns(input=ns(drafter='drafter', model='results/assets/model'),"
+        " output=ns(export='results/export/speculators'), log=[None],"
+        " params=ns(verifier=None, speculative_tokens=4))\n"
+        f"runpy.run_path({str(script)!r}, init_globals={{'snakemake': sm}})\n"
+    )
+    subprocess.run([sys.executable, "-c", stub], cwd=work, check=True, capture_output=True)
+    cfg = json.loads((work / "results" / "export" / "speculators" / "config.json").read_text())
+    verifier = cfg["speculators_config"]["verifier"]
+    assert verifier["name_or_path"] == str(work / "results" / "assets" / "model")
+    assert verifier["architectures"] == ["LlamaForCausalLM"]
+    assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
