@@ -49,7 +49,7 @@ rule export_speculators:
         runtime=10,
     params:
         verifier=EYAS.export.verifier,  # null: the script writes the model dir's absolute path
-        speculative_tokens=EYAS.evaluate.num_draft_tokens,
+        speculative_tokens=EYAS.evaluate.num_draft_tokens[0],
         version=STAGE_VERSION["export"],
         speculators_format=2,  # 2: embed_tokens.weight included, verifier checked (issue 17)
     script:

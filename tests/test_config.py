@@ -38,6 +38,21 @@ def test_default_config_loads():
         ({"data": {"inputs": [{"format": "alpaca"}]}}, "missing required key path"),
         ({"tokenize": {"train_shards": 0}}, "tokenize.train_shards must be >= 1"),
         ({"data": {"eval_fraction": 1.5}}, "data.eval_fraction must be in"),
+        ({"evaluate": {"num_draft_tokens": 4}}, "evaluate.num_draft_tokens: expected a list"),
+        ({"evaluate": {"num_draft_tokens": [3, 0]}}, "evaluate.num_draft_tokens: a non-empty list of k >= 1"),
+        ({"evaluate": {"num_draft_tokens": [3, 3]}}, "evaluate.num_draft_tokens: each k once"),
+        ({"evaluate": {"backend": "vllm"}}, "evaluate.backend: 'vllm' is not one of"),
+        ({"evaluate": {"backend": "sglang", "temperature": 0.5}}, "measures greedy serving"),
+        ({"evaluate": {"concurrency": 0}}, "evaluate.concurrency must be >= 1"),
+        ({"evaluate": {"sets": [{"name": "heldout", "path": "/x.json"}]}}, r"evaluate.sets\[0\].name"),
+        ({"evaluate": {"sets": [{"name": "a/b", "path": "/x.json"}]}}, r"evaluate.sets\[0\].name"),
+        (
+            {"evaluate": {"sets": [{"name": "a", "path": "/x"}, {"name": "a", "path": "/y"}]}},
+            "names must be unique",
+        ),
+        ({"evaluate": {"sets": ["dev"]}}, r"evaluate.sets\[0\]"),
+        ({"regenerate": {"samples": 2}}, "regenerate.samples > 1 needs regenerate.temperature > 0"),
+        ({"regenerate": {"turns": "first"}}, "regenerate.turns: 'first' is not one of"),
     ],
 )
 def test_bad_values_are_rejected_by_name(patch, message):
@@ -64,7 +79,12 @@ def _settings_classes():
         cls = todo.pop()
         seen.append(cls)
         for f in dataclasses.fields(cls):
-            for candidate in (cfg.DataInput,) if f.name == "inputs" else ():
+            extra = {
+                "inputs": (cfg.DataInput,),
+                "sets": (cfg.PromptFileSet,),
+                "baselines": (cfg.BaselineDrafter,),
+            }
+            for candidate in extra.get(f.name, ()):
                 todo.append(candidate)
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
             if dataclasses.is_dataclass(default):
@@ -84,3 +104,15 @@ def test_every_key_is_documented(cls):
 def test_config_yaml_sets_only_known_keys_and_covers_every_section():
     values = _default()
     assert set(values) == {f.name for f in dataclasses.fields(cfg.Config)}
+
+
+def test_evaluation_prompt_files_and_k_sweep_load():
+    values = _default()
+    values["evaluate"] = values["evaluate"] | {
+        "backend": "both",
+        "num_draft_tokens": [3, 5],
+        "sets": ["heldout", {"name": "chats", "path": "/data/chats.jsonl", "format": "sharegpt"}],
+    }
+    c = cfg.load_config(values)
+    assert c.evaluate.set_names == ["heldout", "chats"] and c.evaluate.sets[1].format == "sharegpt"
+    assert c.evaluate.num_draft_tokens == [3, 5] and c.evaluate.concurrency == 8
