@@ -251,6 +251,17 @@ class RegenerateSettings:
 
 
 @dataclass
+class ExportSettings:
+    verifier: str | None = None
+    """How the vLLM speculators export (results/export/speculators) names its verifier, the target, for
+    serving (`speculators_config.verifier.name_or_path`): a Hugging Face Hub id `owner/name` or the
+    absolute path of a local model directory. null = the absolute path of the job's model dir
+    (`results/assets/model` for the embedded default), which speculators resolves offline; for
+    `vllm serve <export>` alone, vLLM 0.33.0 wants a Hub id (README, Serving the drafter). Checked at
+    export time: a directory must be the drafter's target, anything that cannot resolve is refused."""
+
+
+@dataclass
 class Config:
     model: ModelSettings = field(default_factory=ModelSettings)
     data: DataSettings = field(default_factory=DataSettings)
@@ -260,6 +271,7 @@ class Config:
     train: TrainSettings = field(default_factory=TrainSettings)
     evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
     regenerate: RegenerateSettings = field(default_factory=RegenerateSettings)
+    export: ExportSettings = field(default_factory=ExportSettings)
 
     def __post_init__(self):
         if self.train.draft_vocab_size != TrainSettings.draft_vocab_size and (
