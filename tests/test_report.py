@@ -74,3 +74,4 @@ def test_loss_log_and_tau_table(tmp_path):
     }  # fmt: skip
     (row,) = tau_table(summary)
     assert row["accept_pos2"] == 0.5 and row["simulated_tau"] == 2.8
+    assert (row["backend"], row["k"], row["tokens_per_s_batched"]) == ("hf", 2, None)

@@ -1,6 +1,6 @@
 """Served evaluation (SGLang backend), the parts that run without a GPU: SGLang outputs -> accept lengths,
 acceptance by position and greedy equality; the served section of summary.json; the merge's checks.
-`tests/data/served/` holds engine outputs recorded on an H200 (the command is in its README)."""
+`tests/data/served/outputs.json` holds engine outputs recorded on an H200 (`command`, `note` say how)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+from safetensors.torch import save_file
+from test_drafter import tiny_config  # tests/ is on sys.path (rootdir conftest, no package)
 
+from eyas.evaluate.report import plot_tau, tau_table
 from eyas.evaluate.served import (
     SERVED_FORMAT,
     acceptance_by_position,
@@ -17,8 +20,10 @@ from eyas.evaluate.served import (
     request_figures,
     specdec_view,
 )
-from eyas.evaluate.stage import read_served
+from eyas.evaluate.stage import check_export, read_served
 from eyas.evaluate.summary import build_summary
+from eyas.export import sglang_tensors
+from eyas.model.drafter import Eagle3Drafter
 
 RECORDED = Path(__file__).parent / "data" / "served"
 
@@ -134,7 +139,7 @@ OFFLINE = {
 }  # fmt: skip
 
 
-def test_summary_from_served_figures_alone_and_beside_hf():
+def test_summary_from_served_figures_alone_and_beside_hf(tmp_path):
     served = served_result()
     specdec = {
         name: {d: specdec_view(by_k["3"]) for d, by_k in drafters.items()}
@@ -154,6 +159,13 @@ def test_summary_from_served_figures_alone_and_beside_hf():
     }
     assert summary["specdec"]["greedy_equal"] == {"checked": True, "mismatch_count": 0, "mismatches": []}
     assert summary["table"][0]["speedup"] == 0.5
+    rows = tau_table(summary)  # HF and served rows side by side, each tagged
+    assert {r["backend"] for r in rows} == {"hf", "sglang"} and len(rows) == 4 + 8
+    served_only = tau_table(summary | {"meta": {"backend": "sglang"}})
+    assert {r["backend"] for r in served_only} == {"sglang"}
+    assert {r["k"] for r in served_only} == {3, 4} and served_only[0]["tokens_per_s_batched"] == 400.0
+    plot_tau(summary, tmp_path / "tau.png")
+    assert (tmp_path / "tau.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_merge_refuses_a_served_result_of_other_settings_or_drafters(tmp_path):
@@ -189,3 +201,19 @@ def test_recorded_engine_outputs_give_the_recorded_figures():
         assert report["tau_sglang"] == pytest.approx(mean_sglang / verify)  # SGLang's own per-request figure
         equal = compare_to_plain(figures, plain)
         assert equal["equal"] + len(equal["mismatches"]) == len(outputs)
+
+
+def test_a_broken_export_is_refused_before_serving_naming_file_and_key(tmp_path):
+    config = tiny_config()
+    export = tmp_path / "export"
+    export.mkdir()
+    tensors = sglang_tensors(Eagle3Drafter(config))
+    save_file(tensors, str(export / "model.safetensors"))
+    check_export(export, config)  # the exporter's own output passes
+    tensors["midlayer.fc.weight"] = tensors.pop("fc.weight")
+    save_file(tensors, str(export / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"export/model.safetensors: .*key 'fc.weight' missing"):
+        check_export(export, config)
+    (export / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="has no weights"):
+        check_export(export, config)

@@ -49,28 +49,43 @@ def _figure(width: float, height: float):
 
 # --------------------------------------------------------------------------- tau
 def tau_table(summary: dict) -> list[dict]:
-    """One row per (set, drafter): real tau, simulated tau (offline, held-out stores), speed."""
+    """One row per (set, drafter, backend, k): real tau, simulated tau (offline, held-out stores), speed
+    at batch size 1 and, served, at the engine's concurrency. Rows of the HF loop come from `table`
+    (unless only SGLang served, when `table` restates served figures), served rows from `served`."""
+    simulated = {d: r.get("simulated_tau") for d, r in (summary.get("offline_by_drafter") or {}).items()}
+    hf_rows = [] if summary.get("meta", {}).get("backend") == "sglang" else summary["table"]
+    served_rows = (summary.get("served") or {}).get("table") or []
+    width = max((len(r["acceptance_by_position"] or []) for r in [*hf_rows, *served_rows]), default=0)
     rows = []
-    for row in summary["table"]:
-        acc = row["acceptance_by_position"]
+    for row, backend in [*((r, "hf") for r in hf_rows), *((r, "sglang") for r in served_rows)]:
+        acc = list(row["acceptance_by_position"] or [])
+        served = backend == "sglang"
         rows.append(
             {
                 "set": row["set"],
                 "drafter": row["drafter"],
+                "backend": backend,
+                "k": row["k"] if served else len(acc),
                 "tau": row["tau"],
-                "simulated_tau": row["simulated_tau"],
-                "speedup": row["speedup"],
-                "spec_tokens_per_s": row["spec_tokens_per_s"],
-                **{f"accept_pos{i + 1}": a for i, a in enumerate(acc)},
+                "simulated_tau": simulated.get(row["drafter"]) if served else row["simulated_tau"],
+                "speedup": row["speedup_bs1"] if served else row["speedup"],
+                "spec_tokens_per_s": row["tokens_per_s_bs1"] if served else row["spec_tokens_per_s"],
+                "tokens_per_s_batched": row.get("tokens_per_s_batched"),
+                "speedup_batched": row.get("speedup_batched"),
+                **{f"accept_pos{i + 1}": acc[i] if i < len(acc) else None for i in range(width)},
             }
         )
     return rows
 
 
 def plot_tau(summary: dict, out: str | os.PathLike) -> None:
-    """PNG: real tau per set and drafter (bars) | simulated vs real tau per drafter (primary set)."""
-    fig = _figure(10, 4)
-    left, right = fig.subplots(1, 2)
+    """PNG: real tau per set and drafter (bars) | simulated vs real tau per drafter (primary set); with a
+    served evaluation also served tau by k per set and drafter | tokens/s at batch size 1 and at the
+    engine's concurrency, plain beside each drafter at the first k."""
+    served = summary.get("served")
+    fig = _figure(20 if served else 10, 4)
+    axes = fig.subplots(1, 4 if served else 2)
+    left, right = axes[0], axes[1]
     sets = list(summary["sets"])
     drafters = list(dict.fromkeys(d for s in sets for d in summary["sets"][s]))
     width = 0.8 / len(drafters)
@@ -91,9 +106,38 @@ def plot_tau(summary: dict, out: str | os.PathLike) -> None:
     right.plot([1, k + 1], [1, k + 1], ":", color="grey", label="real = simulated")
     right.set(title=f"Simulated vs real tau ({primary})", xlabel="simulated tau (offline)", ylabel="real tau")
     right.legend()
-    for ax in (left, right):
+    if served:
+        _plot_served(served, axes[2], axes[3])
+    for ax in axes:
         ax.grid(alpha=0.3)
     _save(fig, out)
+
+
+def _plot_served(served: dict, by_k, speed) -> None:
+    lines = defaultdict(list)
+    for row in served["table"]:
+        lines[(row["set"], row["drafter"])].append((row["k"], row["tau"]))
+    for (set_name, drafter), points in lines.items():
+        ks, taus = zip(*sorted(points), strict=True)
+        by_k.plot(ks, [math.nan if t is None else t for t in taus], "o-", label=f"{set_name} / {drafter}")
+    by_k.set(title="Served tau by k (SGLang EAGLE-3)", xlabel="k (drafts per verify pass)", ylabel="tau")
+    by_k.legend(fontsize="small")
+    first_k = min(row["k"] for row in served["table"])
+    concurrency = served["settings"]["concurrency"]
+    primary = served["table"][0]["set"]
+    bars = {"plain": served["plain"][primary]}
+    for row in served["table"]:
+        if row["set"] == primary and row["k"] == first_k:
+            bars[row["drafter"]] = row
+    names = list(bars)
+    for j, key in enumerate(("tokens_per_s_bs1", "tokens_per_s_batched")):
+        xs = [i + (j - 0.5) * 0.4 for i in range(len(names))]
+        speed.bar(
+            xs, [bars[n][key] for n in names], 0.4, label="batch 1" if j == 0 else f"{concurrency} in flight"
+        )
+    speed.set_xticks(range(len(names)), names)
+    speed.set(title=f"Served tokens/s ({primary}, k = {first_k})", ylabel="tokens/s")
+    speed.legend()
 
 
 # --------------------------------------------------------------------------- loss curve

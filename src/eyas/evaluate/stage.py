@@ -175,7 +175,25 @@ def export_for_serving(drafters: dict, trained_export: str, model_dir: str, work
         model.save_pretrained(source)
         exports[name] = os.fspath(Path(workdir) / f"{name}-sglang")
         export_sglang(source, exports[name], model_type)
+    for name, path in exports.items():
+        check_export(path, drafters[name].config)
     return exports
+
+
+def check_export(export_dir: str | os.PathLike, config) -> None:
+    """An SGLang export dir holds exactly the tensors its drafter config needs (SGLang itself would
+    skip a misnamed key and serve that weight at its initial value); raises naming file and key."""
+    from safetensors.torch import load_file
+
+    from eyas.export import validate_tensors
+
+    path = Path(export_dir) / "model.safetensors"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: the SGLang export has no weights (rerun rule export_sglang)")
+    try:
+        validate_tensors(load_file(path), config)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def run_served(
