@@ -37,3 +37,26 @@ def test_planned_jobs_reads_the_job_stats_table_and_refuses_other_output():
     assert planned_jobs("Nothing to be done (all requested files are present).") == {}
     with pytest.raises(ValueError, match="Job stats"):
         planned_jobs("WorkflowError: something else")
+
+
+def test_served_backend_plans_one_served_job_beside_the_hf_sets(tmp_path):
+    """evaluate.backend both: one `served` job for every set and k, the HF `specdec` job per set
+    (prompt files included), `regenerate` per split through SGLang; sglang alone: no specdec job."""
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"instruction": "Say hi"}\n')
+    config = tmp_path / "served.yaml"
+    config.write_text(
+        "evaluate:\n  backend: both\n  num_draft_tokens: [3, 5]\n"
+        f"  sets: [heldout, {{name: mine, path: {prompts}, format: alpaca}}]\n"
+        "regenerate: {enabled: true, backend: sglang}\n"
+    )
+    cmd = [sys.executable, "-m", "snakemake", "-n", "-q", "rules", "-d", str(tmp_path)]
+    result = subprocess.run([*cmd, "--configfile", str(config)], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    counts = planned_jobs(result.stdout + result.stderr)
+    assert counts["served"] == 1 and counts["specdec"] == 2 and counts["regenerate"] == 2, counts
+    config.write_text(config.read_text().replace("backend: both", "backend: sglang"))
+    result = subprocess.run([*cmd, "--configfile", str(config)], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    counts = planned_jobs(result.stdout + result.stderr)
+    assert counts["served"] == 1 and "specdec" not in counts and counts["evaluate"] == 1, counts
