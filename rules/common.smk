@@ -29,7 +29,7 @@ wildcard_constraints:
     split="train|eval",
     shard=r"\d{5}",
     name=ASSET_NAME_PATTERN,
-    set="|".join(EYAS.evaluate.set_names),  # names match ASSET_NAME_PATTERN (checked in config)
+    set=ASSET_NAME_PATTERN,
 
 
 def model_dir():

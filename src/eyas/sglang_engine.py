@@ -11,13 +11,18 @@ every engine shares (`base_engine_args`: the target, TP, memory, attention backe
   a plain engine with the same settings as the reference;
 - regeneration: a plain engine that samples.
 
-Several drafters are served by one engine per k: `DraftSwapEngine.swap_draft(dir)` loads another
-drafter's weights into the running engine's draft model in place. SGLang's own
-`update_weights_from_disk` reloads the target and the draft from one path (sglang 0.5.17,
-`managers/scheduler_components/weight_updater.py`), so in the scheduler process eyas routes a request
-whose path is an EAGLE-3 draft dir (`LlamaForCausalLMEagle3`) to the draft runners only, with the
-loader SGLang used to load that drafter at start-up. Weights are copied into the existing tensors,
-so captured CUDA graphs stay valid; the draft vocabulary map is refreshed in place too.
+One served engine measures every drafter at every k: `DraftSwapEngine.select(dir, k)`.
+- Drafters: the engine's draft model takes another drafter's weights in place. SGLang's own
+  `update_weights_from_disk` reloads the target and the draft from one path (sglang 0.5.17,
+  `managers/scheduler_components/weight_updater.py`), so in the scheduler process eyas routes a request
+  whose path is an EAGLE-3 draft dir (`LlamaForCausalLMEagle3`) to the draft runners only, with the
+  loader SGLang used to load that drafter at start-up. Weights are copied into the existing tensors,
+  so captured CUDA graphs stay valid; the draft vocabulary map is refreshed in place too.
+- k: SGLang's adaptive speculative decoding (`speculative_adaptive`, `speculative/adaptive_*.py`)
+  builds the draft/verify runtime state and CUDA graphs of every candidate step count at start-up
+  and switches between them; eyas gives it the k list as candidates with an acceptance policy that
+  never moves on its own (its warm-up never ends), and pins the k it measures.
+The request carrying both is an update-weights request whose `weight_version` is `eyas:steps=<k>`.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ log = logging.getLogger("eyas.sglang")
 
 TESTED = ((0, 5, 17), (0, 5, 23))  # inclusive range of releases eyas was built and tested against
 EAGLE3_DRAFT_ARCH = "LlamaForCausalLMEagle3"
+STEPS_PREFIX = "eyas:steps="  # weight_version of a select request: the k to pin
+NEVER = 2**62  # the adaptive policy's warm-up, in verify batches: it never adapts by itself
 LOAD_FORMAT_AUTO = "auto"  # SGLang's LoadFormat.AUTO: the dir's safetensors, else its .bin/.pt files
 # Args every eyas engine sets itself (from its own config keys): never from `engine_args`.
 BASE_OWNED_ARGS = frozenset(
@@ -115,21 +122,32 @@ def base_engine_args(settings, model_dir: str | os.PathLike, dtype: str, trust_r
     return args
 
 
-def spec_engine_args(base: dict, draft_dir: str | os.PathLike, k: int, concurrency: int) -> dict:
-    """EAGLE-3 chain drafting of k tokens a verify pass, at most `concurrency` requests at once."""
-    if k < 1:
-        raise ValueError(f"evaluate.num_draft_tokens: {k} must be >= 1")
-    return (
-        base
-        | {
-            "speculative_algorithm": "EAGLE3",
-            "speculative_draft_model_path": os.fspath(draft_dir),
-            "speculative_num_steps": k,
-            "speculative_eagle_topk": 1,
-            "speculative_num_draft_tokens": k + 1,
-        }
-        | plain_engine_args({}, concurrency)
-    )
+def spec_engine_args(
+    base: dict, draft_dir: str | os.PathLike, ks: list[int], concurrency: int, workdir
+) -> dict:
+    """EAGLE-3 chain drafting (top-k 1, k + 1 tokens a verify pass) at every k of `ks` in one engine,
+    starting at the first; at most `concurrency` requests at once. Writes the step-pinning policy
+    into `workdir`."""
+    if not ks or min(ks) < 1:
+        raise ValueError(f"evaluate.num_draft_tokens: {ks} must be k >= 1")
+    args = base | {
+        "speculative_algorithm": "EAGLE3",
+        "speculative_draft_model_path": os.fspath(draft_dir),
+        "speculative_num_steps": ks[0],
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": ks[0] + 1,
+    }
+    if len(ks) > 1:
+        policy = Path(workdir) / "eyas-pinned-steps.json"
+        policy.write_text(json.dumps(pinned_steps_policy(ks)))
+        args |= {"speculative_adaptive": True, "speculative_adaptive_config": os.fspath(policy)}
+    return args | plain_engine_args({}, concurrency)
+
+
+def pinned_steps_policy(ks: list[int]) -> dict:
+    """SGLang's adaptive config: one batch-size slot (every batch routes to it) whose candidates are
+    the k list and whose acceptance-driven updates never start; eyas pins the step itself."""
+    return {"1": {"candidate_steps": sorted(ks), "warmup_batches": NEVER, "update_interval": NEVER}}
 
 
 def plain_engine_args(base: dict, concurrency: int) -> dict:
@@ -203,8 +221,39 @@ def swap_draft_weights(draft_worker, path: str, load_format: str | None) -> tupl
     return True, f"draft weights loaded from {path}"
 
 
+def pin_draft_steps(spec_worker, k: int) -> None:
+    """Make the running EAGLE worker draft k tokens a pass: pin every adaptive slot to k and switch to
+    the runtime state built for k (an engine without adaptive candidates serves its one k only)."""
+    controller = getattr(spec_worker, "adaptive_controller", None)
+    if controller is None:
+        if spec_worker.speculative_num_steps != k:
+            raise ValueError(f"this engine drafts {spec_worker.speculative_num_steps} tokens only, not {k}")
+        return
+    if k not in controller.candidate_steps:
+        raise ValueError(f"k={k} is not one of the engine's steps {controller.candidate_steps}")
+    for slot in controller.params._slots.values():
+        slot.current_steps = k
+    controller._activate(k)
+
+
+def select_draft(spec_worker, path: str, load_format: str | None, version: str | None) -> tuple[bool, str]:
+    """A select request in the scheduler: new draft weights from `path` (when it is a draft dir) and,
+    when `version` is `eyas:steps=<k>`, k pinned; (success, message)."""
+    if is_eagle3_draft_dir(path):
+        success, message = swap_draft_weights(spec_worker, path, load_format)
+        if not success:
+            return success, message
+    if version and version.startswith(STEPS_PREFIX):
+        try:
+            pin_draft_steps(spec_worker, int(version.removeprefix(STEPS_PREFIX)))
+        except Exception as err:  # reported to the caller, which fails the job
+            return False, f"{type(err).__name__}: {err}"
+    return True, f"serving {path} at {version}"
+
+
 def install_draft_swap() -> None:
-    """Route update-weights-from-disk requests for an EAGLE-3 draft dir to the draft runners only."""
+    """Route update-weights requests for an EAGLE-3 draft dir, or tagged `eyas:steps=<k>`, to
+    `select_draft` (the draft runners and the step count only); others go to SGLang's own."""
     from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqOutput
     from sglang.srt.managers.scheduler_components import weight_updater
 
@@ -215,9 +264,14 @@ def install_draft_swap() -> None:
 
     @functools.wraps(original)
     def update_weights_from_disk(self, recv_req):
-        if not is_eagle3_draft_dir(recv_req.model_path) or self.draft_worker is None:
+        ours = is_eagle3_draft_dir(recv_req.model_path) or (recv_req.weight_version or "").startswith(
+            STEPS_PREFIX
+        )
+        if not ours or self.draft_worker is None:
             return original(self, recv_req)
-        success, message = swap_draft_weights(self.draft_worker, recv_req.model_path, recv_req.load_format)
+        success, message = select_draft(
+            self.draft_worker, recv_req.model_path, recv_req.load_format, recv_req.weight_version
+        )
         if success:
             self.flush_cache()  # nothing is cached across drafters (radix cache off); frees the pool
         else:
@@ -238,20 +292,25 @@ def draft_swap_scheduler_process(*args, **kwargs):
 
 # --------------------------------------------------------------------------- in the job process
 def draft_swap_engine_class():
-    """An `Engine` subclass whose scheduler processes accept `swap_draft`."""
+    """An `Engine` subclass whose scheduler processes accept `select` (drafter and k)."""
     from sglang.srt.entrypoints.engine import Engine
 
     class DraftSwapEngine(Engine):
         run_scheduler_process_func = staticmethod(draft_swap_scheduler_process)
 
-        def swap_draft(self, draft_dir: str | os.PathLike) -> None:
+        def select(self, draft_dir: str | os.PathLike, k: int) -> None:
+            """Serve the drafter at `draft_dir` (weights loaded in place) drafting k tokens a pass."""
+            from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqInput
+
             path = os.fspath(draft_dir)
             if not is_eagle3_draft_dir(path):
                 raise ValueError(f"{path}/config.json: not an {EAGLE3_DRAFT_ARCH} drafter export")
-            result = self.update_weights_from_disk(model_path=path)
-            success, message = result[0], result[1]
-            if not success:
-                raise RuntimeError(f"SGLang did not load the drafter: {message}")
+            request = UpdateWeightFromDiskReqInput(model_path=path, weight_version=f"{STEPS_PREFIX}{k}")
+            result = self.loop.run_until_complete(
+                self.tokenizer_manager.update_weights_from_disk(request, None)
+            )
+            if not result[0]:
+                raise RuntimeError(f"SGLang did not serve the drafter {path} at k={k}: {result[1]}")
 
     return DraftSwapEngine
 

@@ -1,10 +1,11 @@
 """Served evaluation: the drafters measured where they are served, inside an SGLang engine (EAGLE-3).
 
-For each k of the sweep one engine serves the target with chain drafting of k tokens; every drafter
-(trained, untrained control, baselines: SGLang export dirs) is loaded into it in turn
-(`sglang_engine.DraftSwapEngine.swap_draft`). A plain engine with the same settings decodes the same
-prompts first: the greedy reference and the speed baseline. Each (drafter, k, set) is decoded twice:
-one request at a time (batch size 1) and all prompts at once with at most `concurrency` in flight.
+One EAGLE-3 engine serves the target with chain drafting; every drafter (trained, untrained control,
+baselines: SGLang export dirs) at every k of the sweep is selected in turn in the running engine
+(`sglang_engine.DraftSwapEngine.select`: weights in place, the step count pinned). A plain engine with
+the same settings decodes the same prompts first: the greedy reference and the speed baseline.
+Each (drafter, k, set) is decoded twice: one request at a time (batch size 1), and all prompts at
+once with at most `concurrency` in flight.
 
 Figures per request come from SGLang's `meta_info` (sglang 0.5.17 `managers/tokenizer_manager.py`):
 `completion_tokens`, `spec_verify_ct` (verify passes), `spec_correct_drafts_histogram` (verify passes
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import time
 
 from eyas.atomic import atomic_file
@@ -213,35 +215,28 @@ def serve_drafters(
         engine.shutdown()
     names = list(drafter_exports)
     sets: dict = {name: {d: {} for d in names} for name in prompt_sets}
-    swap_check = None
-    for k in ks:
+    with tempfile.TemporaryDirectory(prefix="eyas-served-engine-") as workdir:
         start = time.perf_counter()
-        engine = start_engine(
-            spec_engine_args(base_args, drafter_exports[names[0]], k, concurrency), speculative=True
-        )
-        timings[f"spec_start_seconds_k{k}"] = time.perf_counter() - start
+        args = spec_engine_args(base_args, drafter_exports[names[0]], ks, concurrency, workdir)
+        engine = start_engine(args, speculative=True)
+        timings["spec_start_seconds"] = time.perf_counter() - start
         try:
             for i, drafter in enumerate(names):
-                if i:
-                    engine.swap_draft(drafter_exports[drafter])
-                for n, (set_name, prompts) in enumerate(prompt_sets.items()):
-                    keep = record is not None and n == 0 and i == 0
-                    raw = record.setdefault("spec", {}).setdefault(str(k), []) if keep else None
-                    run = decode_set(
-                        engine, prompts, max_new_tokens=max_new_tokens, k=k, logprobs=False, raw=raw
-                    )
-                    sets[set_name][drafter][str(k)] = _drafter_report(run, plain[set_name], k, max_new_tokens)
-                    log.info(
-                        "served %s / %s / k=%d: tau %s",
-                        set_name,
-                        drafter,
-                        k,
-                        sets[set_name][drafter][str(k)]["tau"],
-                    )
-            if swap_check is None and len(names) > 1:
-                swap_check = _swap_back_check(
-                    engine, names[0], drafter_exports, prompt_sets, sets, k, max_new_tokens
-                )
+                for j, k in enumerate(ks):
+                    if i or j:  # the engine started with the first drafter at the first k
+                        engine.select(drafter_exports[drafter], k)
+                    for n, (set_name, prompts) in enumerate(prompt_sets.items()):
+                        keep = record is not None and n == 0 and i == 0
+                        raw = record.setdefault("spec", {}).setdefault(str(k), []) if keep else None
+                        run = decode_set(
+                            engine, prompts, max_new_tokens=max_new_tokens, k=k, logprobs=False, raw=raw
+                        )
+                        report = _drafter_report(run, plain[set_name], k, max_new_tokens)
+                        sets[set_name][drafter][str(k)] = report
+                        log.info("served %s / %s / k=%d: tau %s", set_name, drafter, k, report["tau"])
+            swap_check = _swap_back_check(
+                engine, names[0], drafter_exports, prompt_sets, sets, ks[0], max_new_tokens
+            )
         finally:
             engine.shutdown()
     plain_speeds = {
@@ -254,9 +249,10 @@ def serve_drafters(
 def _swap_back_check(
     engine, first: str, exports: dict, prompt_sets: dict, sets: dict, k: int, max_new_tokens: int
 ):
-    """Load the first drafter again after the others: its outputs and tau must be those it gave when
-    the engine started with it (a drafter swap that left a stale tensor would show here)."""
-    engine.swap_draft(exports[first])
+    """Serve the first drafter at the first k again after every other drafter and k: its verify passes
+    and tau must be those it gave as the engine started with it (a swap that left a stale tensor, or a
+    runtime state of another k, would show here)."""
+    engine.select(exports[first], k)
     set_name, prompts = next(iter(prompt_sets.items()))
     again = decode_set(engine, prompts, max_new_tokens=max_new_tokens, k=k, logprobs=False)
     before = sets[set_name][first][str(k)]
