@@ -133,9 +133,10 @@ def spec_engine_args(
     args = base | {
         "speculative_algorithm": "EAGLE3",
         "speculative_draft_model_path": os.fspath(draft_dir),
-        "speculative_num_steps": ks[0],
+        # the longest chain first: sglang 0.5.17 sizes its shared logits buffer for the starting k
+        "speculative_num_steps": max(ks),
         "speculative_eagle_topk": 1,
-        "speculative_num_draft_tokens": ks[0] + 1,
+        "speculative_num_draft_tokens": max(ks) + 1,
     }
     if len(ks) > 1:
         policy = Path(workdir) / "eyas-pinned-steps.json"

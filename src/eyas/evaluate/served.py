@@ -221,8 +221,9 @@ def serve_drafters(
         engine = start_engine(args, speculative=True)
         timings["spec_start_seconds"] = time.perf_counter() - start
         try:
+            order = sorted(ks, reverse=True)  # the engine starts at the longest chain
             for i, drafter in enumerate(names):
-                for j, k in enumerate(ks):
+                for j, k in enumerate(order):
                     if i or j:  # the engine started with the first drafter at the first k
                         engine.select(drafter_exports[drafter], k)
                     for n, (set_name, prompts) in enumerate(prompt_sets.items()):
@@ -235,7 +236,7 @@ def serve_drafters(
                         sets[set_name][drafter][str(k)] = report
                         log.info("served %s / %s / k=%d: tau %s", set_name, drafter, k, report["tau"])
             swap_check = _swap_back_check(
-                engine, names[0], drafter_exports, prompt_sets, sets, ks[0], max_new_tokens
+                engine, names[0], drafter_exports, prompt_sets, sets, order[0], max_new_tokens
             )
         finally:
             engine.shutdown()
