@@ -64,8 +64,8 @@ rule served:
         "results/benchmarks/served.tsv"
     conda:
         "../envs/sglang.yaml"
-    # One job for every set, drafter and k: one plain engine, then one EAGLE-3 engine per k whose
-    # drafters are swapped in place (engine start ~30-75 s for SmolLM2 on an H200).
+    # One job for every set, drafter and k: one plain engine, then one EAGLE-3 engine that serves each
+    # drafter at each k in turn (SmolLM2 on an H200: each engine starts in ~55 s; bench/README.md).
     threads: 2
     resources:
         gpu=EYAS.extract.sglang.tp_size,
