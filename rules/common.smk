@@ -6,8 +6,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from eyas.config import ASSET_NAME_PATTERN, DEFAULT_MODEL_SOURCE, LLAMAFACTORY_PREFIX, load_config  # noqa: E402
+from eyas.config import check_local_paths, local_paths  # noqa: E402
 
-EYAS = load_config(config)
+EYAS = load_config(config, command_line=workflow.config_settings.config)  # --config values come as strings
+check_local_paths(*local_paths(EYAS))  # before any job: a missing input is no error on a finished run
 SPLITS = ("train", "eval")
 
 # Snakemake reruns a `script:` rule when the script changes, not when the package code it calls
