@@ -2,7 +2,8 @@
 
 A case counts as *tried* (bad input) or *injected* (fault) when its `with ledger.case(...)` block is
 entered and as *handled* / *survived* only when the block exits without an error, i.e. after the test's
-own assertions about it passed. At the end of the session the counts go to `results/faults/summary.json`
+own assertions about it passed. A *kind* of bad input is one distinct `expect` (expected outcome). At the
+end of the session the counts go to `results/faults/summary.json`
 (or `$EYAS_FAULTS_SUMMARY`), atomically, and the path is printed in pytest's terminal summary.
 """
 
@@ -40,11 +41,22 @@ class Ledger:
         def count(kind: str, ok: bool | None = None) -> int:
             return sum(1 for c in self.cases if c["kind"] == kind and (ok is None or c["ok"] == ok))
 
+        def kinds(ok: bool | None = None) -> int:  # distinct expected outcomes of the bad inputs
+            return len(
+                {
+                    c["expect"]
+                    for c in self.cases
+                    if c["kind"] == "bad_input" and (ok is None or c["ok"] == ok)
+                }
+            )
+
         return {
             "faults_injected": count("fault"),
             "faults_survived": count("fault", True),
             "bad_inputs_tried": count("bad_input"),
             "bad_inputs_handled": count("bad_input", True),
+            "bad_input_kinds_tried": kinds(),
+            "bad_input_kinds_handled": kinds(True),
         }
 
 
