@@ -108,11 +108,12 @@ def check_model_dir(
     architectures = [str(a) for a in config.get("architectures") or []]
     if model_type and not _transformers_knows(model_type):
         if not config.get("auto_map"):
-            raise ModelDirError(
-                f"target model: {config_path}: model_type {model_type!r} is unknown to the installed "
-                "transformers and the dir has no custom code (auto_map). Fix: a newer transformers"
-            )
-        if not trust_remote_code:
+            if backend == "hf":  # SGLang has model classes of its own; the hf backend has only these
+                raise ModelDirError(
+                    f"target model: {config_path}: model_type {model_type!r} is unknown to the installed "
+                    "transformers and the dir has no custom code (auto_map). Fix: a newer transformers"
+                )
+        elif not trust_remote_code:
             raise ModelDirError(
                 f"target model: {model_dir} needs its own modelling code (model_type {model_type!r}, "
                 f"auto_map in config.json). Fix: read the dir's *.py and, if you trust them, set "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from eyas.config import load_config_file
 from eyas.model_dir import ModelDirError, check_model_dir
 
 REPO = Path(__file__).parents[2]
@@ -55,6 +56,8 @@ def _break(folder: Path, what: str) -> None:
             architectures=["EyasCustomForCausalLM"],
             auto_map={"AutoModelForCausalLM": "modeling_custom.EyasCustomForCausalLM"},
         )
+    elif what == "model_type unknown, no code":
+        _edit_config(folder, model_type="eyas_future_lm", architectures=["EyasFutureForCausalLM"])
     elif what == "config.json not JSON":
         text = (folder / "config.json").read_text()
         (folder / "config.json").write_text(text[: len(text) // 2])
@@ -83,6 +86,10 @@ CASES = {  # what is broken -> (what the error must say besides the path, the ex
         "model.trust_remote_code: true",
         "refused: names dir, fix: trust_remote_code after reading the code",
     ),
+    "model_type unknown, no code": (
+        "unknown to the installed transformers",
+        "refused: names config.json, fix: a newer transformers",
+    ),
     "config.json not JSON": ("not valid JSON", "refused: names config.json:line:col"),
     "weights only as a pickle": (
         "pytorch_model.bin",
@@ -105,8 +112,17 @@ def test_bad_model_dir_is_refused_naming_path_and_fix(what, tiny_model_dir, tmp_
         assert "Fix" in message or what == "config.json not JSON", message
         if what == "config.json not JSON":
             assert re.search(re.escape(str(folder / "config.json")) + r":\d+:\d+: not valid JSON", message)
-    if what == "custom code, trust_remote_code off":
-        check_model_dir(folder, "hf", trust_remote_code=True)  # the fix the message names works
+    if what == "model_type unknown, no code":
+        check_model_dir(folder, "sglang")  # SGLang has model classes of its own: its loader decides
+    if what == "custom code, trust_remote_code off":  # the fix the message names, set as a user would
+        user = load_config_file(_user_config(tmp_path, "model: {trust_remote_code: true}\n"))
+        check_model_dir(folder, "hf", trust_remote_code=user.model.trust_remote_code)
+
+
+def _user_config(folder: Path, text: str) -> Path:
+    path = folder / "user.yaml"
+    path.write_text(text + "data: {inputs: [{path: x.jsonl}]}\n")
+    return path
 
 
 def test_bad_model_dir_is_refused_by_the_dry_run(tiny_model_dir, tmp_path):

@@ -45,7 +45,14 @@ EXPORT = "results/export/sglang"
 SPECDEC = "results/eval/specdec/heldout.json"
 REGEN = "results/regenerated/train.jsonl"
 REGEN_STATS = "results/regenerated/train.stats.json"
-TARGETS = (EXPORT, SPECDEC)
+SPECULATORS = "results/export/speculators"
+VOCAB = ("results/vocab/draft_vocab.safetensors", "results/vocab/vocab.json")
+PREPARED = tuple(
+    f"results/prepared/{n}" for n in ("train.jsonl", "eval.jsonl", "rejects.jsonl", "stats.json")
+)
+TARGETS = (EXPORT, SPECDEC, SPECULATORS)
+# More jobs killed at the rename of their last output, the others already in place: (rule, outputs).
+LAST_OUTPUT_KILLS = {"export_speculators": (SPECULATORS,), "vocab": VOCAB, "prepare": PREPARED}
 
 
 def _config(workdir: Path, model: Path) -> Path:
@@ -150,11 +157,25 @@ def project(tmp_path_factory, tiny_model_dir) -> Project:
         REGEN: (workdir / REGEN).read_bytes(),
         REGEN_STATS: json.loads((workdir / REGEN_STATS).read_text()),
     }
+    for outputs in LAST_OUTPUT_KILLS.values():
+        project.reference |= {out: _tree(workdir / out) for out in outputs}
     return project
 
 
+def _content(path: Path):
+    """A file's bytes; a safetensors file's header as a dict and its tensor bytes: safetensors writes its
+    string metadata in hash-map order, which differs from run to run (the draft vocab has several keys)."""
+    data = path.read_bytes()
+    if path.suffix != ".safetensors":
+        return data
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8 : 8 + n]), data[8 + n :]
+
+
 def _tree(path: Path) -> dict:
-    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    if path.is_file():
+        return {"": _content(path)}
+    return {p.relative_to(path).as_posix(): _content(p) for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 def _specdec(path: Path) -> dict:
@@ -236,3 +257,22 @@ def test_regenerate_killed_between_its_two_outputs(project, ledger):
         assert (project.workdir / REGEN).read_bytes() == project.reference[REGEN]
         stats = json.loads((project.workdir / REGEN_STATS).read_text())
         assert stats == project.reference[REGEN_STATS]
+
+
+@pytest.mark.parametrize("rule", list(LAST_OUTPUT_KILLS))
+def test_job_killed_at_its_last_output(project, rule, ledger):
+    """Paused at the rename of the job's last output, its other outputs already in place and whole-looking
+    (prepare: train/eval/rejects before stats.json): the job is rerun all the same."""
+    outputs = LAST_OUTPUT_KILLS[rule]
+    proc = project.start_paused(outputs[-1], outputs[-1], "--forcerun", rule)
+    project.kill(proc)
+    with ledger.case(
+        "fault", f"Snakemake killed during {rule} writes", "job rerun, not taken as done; rerun equal"
+    ):
+        assert not (project.workdir / outputs[-1]).exists()
+        assert all((project.workdir / out).exists() for out in outputs[:-1])  # already renamed into place
+        project.run("--unlock")
+        assert planned_jobs(project.run("-n", outputs[-1])) == {rule: 1}
+        project.run("--cores", "2", outputs[-1])
+        for out in outputs:
+            assert _tree(project.workdir / out) == project.reference[out], out
