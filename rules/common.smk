@@ -34,7 +34,7 @@ wildcard_constraints:
     split="train|eval",
     shard=r"\d{5}",
     name=ASSET_NAME_PATTERN,
-    set="heldout|humaneval",
+    set="|".join(EYAS.evaluate.set_names),  # names match ASSET_NAME_PATTERN (checked in config)
 
 
 def model_dir():
@@ -94,6 +94,13 @@ def extract_gpus():
     return use_gpu(EYAS.extract.device)
 
 
+def regenerate_gpus():
+    """GPUs of a regenerate job: the SGLang engine's tensor-parallel size, else one on CUDA."""
+    if EYAS.regenerate.backend == "sglang":
+        return EYAS.extract.sglang.tp_size
+    return use_gpu(EYAS.regenerate.device)
+
+
 # --------------------------------------------------------------------------- regenerate / evaluation inputs
 def conversations_of(wildcards):
     """Tokenize's input: the prepared split, or its regenerated copy when regenerate.enabled."""
@@ -104,14 +111,44 @@ def conversations_of(wildcards):
 EVAL_SET_FILES = {"heldout": "results/prepared/eval.jsonl", "humaneval": "results/assets/eval/humaneval.jsonl"}
 
 
+def eval_set_files():
+    """{set name: prompt file} in config order: the built-in sets' files and the configured prompt files."""
+    return {
+        item if isinstance(item, str) else item.name: EVAL_SET_FILES[item] if isinstance(item, str) else item.path
+        for item in EYAS.evaluate.sets
+    }
+
+
+def eval_set_formats():
+    """{set name: record format} of the prompt-file sets (the built-in sets have readers of their own)."""
+    return {item.name: item.format for item in EYAS.evaluate.sets if not isinstance(item, str)}
+
+
+def eval_set_format(wildcards):
+    """The record format of set `{set}` when it is a prompt file, else None (a built-in set)."""
+    return eval_set_formats().get(wildcards.set)
+
+
 def eval_set_path(wildcards):
     """The prompt file of evaluation set `{set}`."""
-    return EVAL_SET_FILES[wildcards.set]
+    return eval_set_files()[wildcards.set]
+
+
+def uses_hf_evaluation():
+    return EYAS.evaluate.backend in ("hf", "both")
 
 
 def specdec_jsons():
-    """Each configured evaluation set's speculative decoding result, in config order."""
-    return [f"results/eval/specdec/{name}.json" for name in EYAS.evaluate.sets]
+    """Each configured evaluation set's HF speculative decoding result, in config order (none when
+    only SGLang serves)."""
+    if not uses_hf_evaluation():
+        return []
+    return [f"results/eval/specdec/{name}.json" for name in EYAS.evaluate.set_names]
+
+
+def served_json():
+    """The served evaluation's result when SGLang serves (`evaluate.backend` sglang or both)."""
+    return ["results/eval/served.json"] if EYAS.evaluate.backend != "hf" else []
 
 
 def benchmark_files():
@@ -122,7 +159,10 @@ def benchmark_files():
     for split in SPLITS:
         files.append(f"results/benchmarks/tokenize/{split}.tsv")
         files += [f"results/benchmarks/extract/{split}-{i:05d}.tsv" for i in range(num_shards(split))]
-    files += [f"results/benchmarks/specdec/{name}.tsv" for name in EYAS.evaluate.sets]
+    if uses_hf_evaluation():
+        files += [f"results/benchmarks/specdec/{name}.tsv" for name in EYAS.evaluate.set_names]
+    if served_json():
+        files.append("results/benchmarks/served.tsv")
     return files
 
 

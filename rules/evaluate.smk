@@ -40,7 +40,8 @@ rule specdec:
         mem_mb=4000,  # fp32 target + drafters + KV caches; default job: max RSS 1.3 GB per set
         runtime=60,  # minutes; the default job's sets take 3-4 min each on 1 CPU core
     params:
-        settings=vars(EYAS.evaluate) | {"baselines": None},
+        settings=vars(EYAS.evaluate) | {"baselines": None, "sets": None},
+        set_format=eval_set_format,
         baseline_names=[b.name for b in EYAS.evaluate.baselines],
         trust_remote_code=EYAS.model.trust_remote_code,
         version=STAGE_VERSION["evaluate"],
@@ -48,10 +49,45 @@ rule specdec:
         "../scripts/specdec.py"
 
 
+rule served:
+    input:
+        drafter="results/train/drafter",
+        export="results/export/sglang",
+        prompts=list(eval_set_files().values()),
+        baselines=[b.path for b in EYAS.evaluate.baselines],
+        model=model_dir(),
+    output:
+        json="results/eval/served.json",
+    log:
+        "results/logs/served.log",
+    benchmark:
+        "results/benchmarks/served.tsv"
+    conda:
+        "../envs/sglang.yaml"
+    # One job for every set, drafter and k: one plain engine, then one EAGLE-3 engine per k whose
+    # drafters are swapped in place (engine start ~30-75 s for SmolLM2 on an H200).
+    threads: 2
+    resources:
+        gpu=EYAS.extract.sglang.tp_size,
+        mem_mb=16000,  # the job process: tokenizer, drafters for the exports; the engine lives on the GPUs
+        runtime=120,
+    params:
+        settings=EYAS.evaluate,
+        engine_settings=EYAS.extract.sglang,
+        set_names=EYAS.evaluate.set_names,
+        set_formats=eval_set_formats(),
+        baseline_names=[b.name for b in EYAS.evaluate.baselines],
+        trust_remote_code=EYAS.model.trust_remote_code,
+        version=STAGE_VERSION["evaluate"],
+    script:
+        "../scripts/served.py"
+
+
 rule evaluate:
     input:
         drafter="results/train/drafter",
         specdec=specdec_jsons(),
+        served=served_json(),
         baselines=[b.path for b in EYAS.evaluate.baselines],
         tokens="results/tokens/eval",
         stores=hidden_stores("eval"),
@@ -75,8 +111,8 @@ rule evaluate:
         mem_mb=3000,  # offline metrics over the held-out stores: 1.3 GB max RSS in the default job
         runtime=60,  # minutes; 31 s in the default job (merge + offline metrics of 2 drafters)
     params:
-        settings=vars(EYAS.evaluate) | {"baselines": None},
-        set_names=EYAS.evaluate.sets,
+        settings=vars(EYAS.evaluate) | {"baselines": None, "sets": None},
+        set_names=EYAS.evaluate.set_names if uses_hf_evaluation() else [],
         baseline_names=[b.name for b in EYAS.evaluate.baselines],
         ttt_steps=EYAS.train.ttt_steps,
         version=STAGE_VERSION["evaluate"],

@@ -16,13 +16,14 @@ rule regenerate:
         "../envs/eyas.yaml"
     threads: all_cores()
     resources:
-        gpu=use_gpu(EYAS.regenerate.device),
+        gpu=regenerate_gpus(),
         mem_mb=8000,  # the target + a batch's KV cache (batch_size x (prompt + max_new_tokens))
         runtime=240,
     params:
-        settings=vars(EYAS.regenerate),
+        settings=EYAS.regenerate,
+        engine_settings=EYAS.extract.sglang,
         max_length=EYAS.tokenize.max_length,
         trust_remote_code=EYAS.model.trust_remote_code,
-        version=1,
+        version=2,
     script:
         "../scripts/regenerate.py"

@@ -48,8 +48,9 @@ rule export_speculators:
         mem_mb=2000,  # one copy of the drafter weights
         runtime=10,
     params:
-        verifier=EYAS.model_id,
-        speculative_tokens=EYAS.evaluate.num_draft_tokens,
+        verifier=EYAS.export.verifier,  # null: the script writes the model dir's absolute path
+        speculative_tokens=EYAS.evaluate.num_draft_tokens[0],
         version=STAGE_VERSION["export"],
+        speculators_format=2,  # 2: embed_tokens.weight included, verifier checked (issue 17)
     script:
         "../scripts/export_speculators.py"

@@ -21,5 +21,6 @@ summary = run_evaluation(
     ttt_steps=sm.params.ttt_steps,
     baselines=baseline_dirs(sm.params.baseline_names, sm.input.baselines),
     threads=sm.threads,
+    served_path=sm.input.served[0] if sm.input.served else None,
 )
 log.info("evaluate: tau by set %s", json.dumps(summary["headline"]["tau_by_set"]))

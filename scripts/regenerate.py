@@ -1,33 +1,54 @@
-"""Regenerate each conversation's last assistant turn with the target (optional stage)."""
+"""Regenerate assistant turns with the target (optional stage): Hugging Face or SGLang backend."""
 
 import json
 
 import torch
 
 from eyas.atomic import atomic_file
-from eyas.data.regenerate import regenerate_split
+from eyas.data.regenerate import HFGenerator, SglangGenerator, regenerate_split
 from eyas.logs import setup_stage_logging
 from eyas.target import load_target, load_tokenizer, resolve_device
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "regenerate")
-settings = sm.params.settings
+settings = sm.params.settings  # RegenerateSettings
+trust = sm.params.trust_remote_code
 torch.set_num_threads(sm.threads)
-device = resolve_device(settings["device"])
-tokenizer = load_tokenizer(sm.input.model, trust_remote_code=sm.params.trust_remote_code)
-model = load_target(sm.input.model, device=device, trust_remote_code=sm.params.trust_remote_code)
-stats = regenerate_split(
-    sm.input.conversations,
-    sm.output.conversations,
-    model,
-    tokenizer,
-    max_new_tokens=settings["max_new_tokens"],
-    batch_size=settings["batch_size"],
+tokenizer = load_tokenizer(sm.input.model, trust_remote_code=trust)
+run = dict(
     # the regenerated sample must still fit tokenize's max_length
-    max_prompt_length=sm.params.max_length - settings["max_new_tokens"],
-    temperature=settings["temperature"],
-    seed=settings["seed"],
+    max_prompt_length=sm.params.max_length - settings.max_new_tokens,
+    samples=settings.samples,
+    turns=settings.turns,
+    seed=settings.seed,
 )
+if settings.backend == "sglang":
+    from eyas.sglang_engine import base_engine_args, generation_engine_args, start_engine, user_engine_args
+
+    engine_settings = sm.params.engine_settings  # extract.sglang
+    base = base_engine_args(engine_settings, sm.input.model, "bfloat16", trust)
+    args = generation_engine_args(base | user_engine_args(engine_settings.engine_args, None), settings.seed)
+    engine = start_engine(args, speculative=False)
+    try:
+        generate = SglangGenerator(
+            engine,
+            eos_token_ids={tokenizer.eos_token_id},
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+        )
+        stats = regenerate_split(sm.input.conversations, sm.output.conversations, generate, tokenizer, **run)
+    finally:
+        engine.shutdown()
+else:
+    model = load_target(sm.input.model, device=resolve_device(settings.device), trust_remote_code=trust)
+    generate = HFGenerator(
+        model,
+        tokenizer,
+        batch_size=settings.batch_size,
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+    )
+    stats = regenerate_split(sm.input.conversations, sm.output.conversations, generate, tokenizer, **run)
 with atomic_file(sm.output.stats) as fh:
     json.dump(stats, fh, indent=2)
 log.info("regenerate %s: %s", sm.wildcards.split, json.dumps(stats))

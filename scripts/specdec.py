@@ -8,6 +8,7 @@ log = setup_stage_logging(sm.log[0], f"specdec.{sm.wildcards.set}")
 result = run_specdec_set(
     set_name=sm.wildcards.set,
     set_path=sm.input.prompts,
+    set_format=sm.params.set_format,
     drafter_dir=sm.input.drafter,
     model_dir=sm.input.model,
     out_json=sm.output.json,

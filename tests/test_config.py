@@ -38,6 +38,21 @@ def test_default_config_loads():
         ({"data": {"inputs": [{"format": "alpaca"}]}}, "missing required key path"),
         ({"tokenize": {"train_shards": 0}}, "tokenize.train_shards must be >= 1"),
         ({"data": {"eval_fraction": 1.5}}, "data.eval_fraction must be in"),
+        ({"evaluate": {"num_draft_tokens": 4}}, "evaluate.num_draft_tokens: expected a list"),
+        ({"evaluate": {"num_draft_tokens": [3, 0]}}, "evaluate.num_draft_tokens: a non-empty list of k >= 1"),
+        ({"evaluate": {"num_draft_tokens": [3, 3]}}, "evaluate.num_draft_tokens: each k once"),
+        ({"evaluate": {"backend": "vllm"}}, "evaluate.backend: 'vllm' is not one of"),
+        ({"evaluate": {"backend": "sglang", "temperature": 0.5}}, "measures greedy serving"),
+        ({"evaluate": {"concurrency": 0}}, "evaluate.concurrency must be >= 1"),
+        ({"evaluate": {"sets": [{"name": "heldout", "path": "/x.json"}]}}, r"evaluate.sets\[0\].name"),
+        ({"evaluate": {"sets": [{"name": "a/b", "path": "/x.json"}]}}, r"evaluate.sets\[0\].name"),
+        (
+            {"evaluate": {"sets": [{"name": "a", "path": "/x"}, {"name": "a", "path": "/y"}]}},
+            "names must be unique",
+        ),
+        ({"evaluate": {"sets": ["dev"]}}, r"evaluate.sets\[0\]"),
+        ({"regenerate": {"samples": 2}}, "regenerate.samples > 1 needs regenerate.temperature > 0"),
+        ({"regenerate": {"turns": "first"}}, "regenerate.turns: 'first' is not one of"),
     ],
 )
 def test_bad_values_are_rejected_by_name(patch, message):
@@ -64,7 +79,12 @@ def _settings_classes():
         cls = todo.pop()
         seen.append(cls)
         for f in dataclasses.fields(cls):
-            for candidate in (cfg.DataInput,) if f.name == "inputs" else ():
+            extra = {
+                "inputs": (cfg.DataInput,),
+                "sets": (cfg.PromptFileSet,),
+                "baselines": (cfg.BaselineDrafter,),
+            }
+            for candidate in extra.get(f.name, ()):
                 todo.append(candidate)
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
             if dataclasses.is_dataclass(default):
@@ -154,3 +174,15 @@ def test_config_file_strings_stay_strict_beside_command_line_values():
     cli = _command_line("data={max_conversations: 5}")
     with pytest.raises(cfg.ConfigError, match="train.epochs: expected an integer, got '1'"):
         cfg.load_config(values | {"data": {**values["data"], "max_conversations": "5"}}, command_line=cli)
+
+
+def test_evaluation_prompt_files_and_k_sweep_load():
+    values = _default()
+    values["evaluate"] = values["evaluate"] | {
+        "backend": "both",
+        "num_draft_tokens": [3, 5],
+        "sets": ["heldout", {"name": "chats", "path": "/data/chats.jsonl", "format": "sharegpt"}],
+    }
+    c = cfg.load_config(values)
+    assert c.evaluate.set_names == ["heldout", "chats"] and c.evaluate.sets[1].format == "sharegpt"
+    assert c.evaluate.num_draft_tokens == [3, 5] and c.evaluate.concurrency == 8

@@ -59,3 +59,41 @@ def test_bad_humaneval_names_line_and_field(tmp_path):
         read_humaneval(path)
     with pytest.raises(ValueError, match="unknown evaluation set"):
         load_prompt_set("mmlu", path, None, 1, 1)
+
+
+def test_prompt_files_in_each_format_with_rejects_counted(tmp_path, tokenizer):
+    """A prompt file in any input format; each record's prompt is its history before the last assistant
+    turn (or all of it when it ends with a user turn); bad records rejected with reason and line."""
+    records = [
+        {"instruction": "Name a colour.", "input": "", "output": "Blue."},  # alpaca with its answer
+        {"instruction": "Name a fruit."},  # alpaca without output: the whole record is the prompt
+        {"conversations": [{"from": "human", "value": "Hello?"}]},  # sharegpt ending with a user turn
+        {"messages": [{"role": "user", "content": "Count to 3"}, {"role": "assistant", "content": "1 2 3"}]},
+        {"messages": [{"role": "robot", "content": "x"}]},  # unknown role
+        ["not", "an", "object"],
+    ]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + "{broken\n")
+    got = load_prompt_set("mine", path, tokenizer, limit=10, max_length=1000, fmt="auto")
+    texts = [tokenizer.decode(p) for p in got.prompts]
+    assert len(texts) == 4 and "Name a colour." in texts[0] and "Blue." not in texts[0]
+    assert "Name a fruit." in texts[1] and "Hello?" in texts[2] and "1 2 3" not in texts[3]
+    assert all(t.rstrip().endswith("assistant") for t in texts)  # each ends with the generation prompt
+    meta = got.meta()
+    assert meta["read"] == 7 == meta["prompts"] + meta["skipped"] + meta["rejected"] + meta["over_limit"]
+    assert [(r["source"].rsplit(":", 1)[1], r["reason"]) for r in meta["rejects"]] == [
+        ("5", "unknown_role"),
+        ("6", "not_an_object"),
+        ("7", "invalid_json"),
+    ]
+    limited = load_prompt_set("mine", path, tokenizer, limit=1, max_length=1000, fmt="auto")
+    assert len(limited.prompts) == 1 and limited.read == 7 and limited.over_limit == 3  # all counted
+    short = load_prompt_set("mine", path, tokenizer, limit=10, max_length=5, fmt="auto")
+    assert short.prompts == [] and short.skipped_too_long == 4
+
+
+def test_prompt_file_json_list_in_a_forced_format(tmp_path, tokenizer):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps([{"instruction": "Say hi", "output": "hi"}, {"conversations": []}]))
+    got = load_prompt_set("mine", path, tokenizer, limit=10, max_length=1000, fmt="alpaca")
+    assert len(got.prompts) == 1 and got.rejects[0]["reason"] == "missing_field"

@@ -1,4 +1,5 @@
-"""Regenerate: batched left-padded generation equals one-by-one greedy decoding; records and counts."""
+"""Regenerate: batched left-padded generation equals one-by-one greedy decoding; records and counts for
+the last turn, every turn in order, and several samples per conversation."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import torch
 
-from eyas.data.regenerate import generate_batch, regenerate_split
+from eyas.data.regenerate import HFGenerator, generate_batch, regenerate_split
 from eyas.evaluate.specdec import greedy_generate
 from eyas.target import load_target
 
@@ -41,9 +42,8 @@ def test_regenerate_split_replaces_last_assistant_turn(tmp_path, tiny_model_dir,
     src = tmp_path / "train.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "regen.jsonl"
-    stats = regenerate_split(
-        src, out, model, tokenizer, max_new_tokens=4, batch_size=2, max_prompt_length=200
-    )
+    generate = HFGenerator(model, tokenizer, batch_size=2, max_new_tokens=4, temperature=0.0)
+    stats = regenerate_split(src, out, generate, tokenizer, max_prompt_length=200)
     assert (
         stats["read"]
         == 5
@@ -60,3 +60,55 @@ def test_regenerate_split_replaces_last_assistant_turn(tmp_path, tiny_model_dir,
         assert two_turns["messages"][3]["content"] != "Original answer 1.1"
     assert written[3]["messages"] == records[3]["messages"] and not written[3]["regenerated"]
     assert written[4]["messages"] == records[4]["messages"] and not written[4]["regenerated"]
+
+
+class Scripted:
+    """A generator that answers its n-th prompt with answers[n] and records the prompts of each call."""
+
+    def __init__(self, tokenizer, answers):
+        self.tokenizer, self.answers, self.prompts = tokenizer, list(answers), []
+
+    def __call__(self, prompts):
+        self.prompts.append([self.tokenizer.decode(p) for p in prompts])
+        return [self.tokenizer.encode(self.answers.pop(0), add_special_tokens=False) for _ in prompts]
+
+
+def test_all_turns_regenerate_in_order_from_the_regenerated_history(tmp_path, tokenizer):
+    src = tmp_path / "train.jsonl"
+    src.write_text(json.dumps(conversation(7, turns=3)) + "\n")
+    generate = Scripted(tokenizer, ["first new", "second new", "third new"])
+    stats = regenerate_split(
+        src, tmp_path / "out.jsonl", generate, tokenizer, max_prompt_length=500, turns="all"
+    )
+    (record,) = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    answers = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+    assert answers == ["first new", "second new", "third new"] and record["regenerated"]
+    assert [m["content"] for m in record["messages"] if m["role"] == "user"] == [
+        m["content"] for m in conversation(7, turns=3)["messages"] if m["role"] == "user"
+    ]
+    # round 2's prompt holds round 1's regenerated answer, not the dataset's
+    assert "first new" in generate.prompts[1][0] and "Original answer 7.0" not in generate.prompts[1][0]
+    assert stats["turns_regenerated"] == 3 and stats["turns_kept"] == 0 and stats["regenerated"] == 1
+
+
+def test_samples_each_become_a_conversation_and_counts_add_up(tmp_path, tokenizer):
+    records = [conversation(0), conversation(1, turns=2)]
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    # round 1: 2 conversations x 2 samples; conversation 1's sample 1 answers with nothing
+    answers = iter(["a", "b", "c", ""])
+
+    def scripted(prompts):
+        return [tokenizer.encode(next(answers), add_special_tokens=False) for _ in prompts]
+
+    out = tmp_path / "out.jsonl"
+    stats = regenerate_split(src, out, scripted, tokenizer, max_prompt_length=500, samples=2)
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in written] == ["0#s0", "0#s1", "1#s0"]
+    assert [r["messages"][-1]["content"] for r in written] == ["a", "b", "c"]
+    assert (
+        stats["read"]
+        == 2
+        == stats["regenerated"] + stats["empty"] + stats["too_long"] + stats["no_assistant"]
+    )
+    assert stats["samples_written"] == 3 and stats["turns_kept"] == 1

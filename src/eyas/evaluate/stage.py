@@ -20,6 +20,7 @@ import torch
 
 from eyas.atomic import atomic_file
 from eyas.evaluate.offline import evaluate_offline
+from eyas.evaluate.served import SERVED_FORMAT, specdec_view
 from eyas.evaluate.sets import load_prompt_set
 from eyas.evaluate.specdec import evaluate_specdec
 from eyas.evaluate.summary import json_safe, write_summary
@@ -40,9 +41,12 @@ SPECDEC_SETTINGS = ("num_prompts", "max_new_tokens", "num_draft_tokens", "temper
 
 def specdec_settings(settings: dict) -> dict:
     """The `SPECDEC_SETTINGS` of an `evaluate` config section (temperature 0 and seed 0 if unset)."""
-    return {"temperature": 0.0, "seed": 0} | {
+    chosen = {"temperature": 0.0, "seed": 0} | {
         key: settings[key] for key in SPECDEC_SETTINGS if key in settings
     }
+    if isinstance(chosen.get("num_draft_tokens"), list):  # the k sweep: the HF loop decodes the first k
+        chosen["num_draft_tokens"] = chosen["num_draft_tokens"][0]
+    return chosen
 
 
 def untrained_like(drafter: Eagle3Drafter, model_dir: str | os.PathLike, seed: int = 0) -> Eagle3Drafter:
@@ -100,6 +104,7 @@ def run_specdec_set(
     set_name: str,
     set_path: str,
     drafter_dir: str,
+    set_format: str | None = None,
     model_dir: str,
     out_json: str,
     settings: dict,
@@ -117,7 +122,7 @@ def run_specdec_set(
     config = drafters["trained"].config
     tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
     max_prompt = config.max_position_embeddings - chosen["max_new_tokens"] - 2 * chosen["num_draft_tokens"]
-    prompt_set = load_prompt_set(set_name, set_path, tokenizer, chosen["num_prompts"], max_prompt)
+    prompt_set = load_prompt_set(set_name, set_path, tokenizer, chosen["num_prompts"], max_prompt, set_format)
     if not prompt_set.prompts:
         raise ValueError(f"{set_path}: no {set_name} prompt fits (max {max_prompt} tokens)")
     decode = dict(
@@ -154,6 +159,88 @@ def run_specdec_set(
     return result
 
 
+def export_for_serving(drafters: dict, trained_export: str, model_dir: str, workdir: str) -> dict[str, str]:
+    """{name: SGLang export dir}: the export rule's output for the trained drafter, and an export made
+    here, by the same exporter, for every other drafter (the untrained control, baselines)."""
+    from eyas.export import export_sglang
+    from eyas.extract.layer_conventions import text_model_type
+    from eyas.target import read_config
+
+    model_type = text_model_type(read_config(model_dir))
+    exports = {"trained": os.fspath(trained_export)}
+    for name, model in drafters.items():
+        if name == "trained":
+            continue
+        source = Path(workdir) / f"{name}-drafter"
+        model.save_pretrained(source)
+        exports[name] = os.fspath(Path(workdir) / f"{name}-sglang")
+        export_sglang(source, exports[name], model_type)
+    return exports
+
+
+def run_served(
+    *,
+    set_paths: dict[str, str],
+    set_formats: dict[str, str],
+    drafter_dir: str,
+    export_dir: str,
+    model_dir: str,
+    out_json: str,
+    settings,
+    engine_settings,
+    baselines: list[dict] | None = None,
+    trust_remote_code: bool = False,
+    record: dict | None = None,
+) -> dict:
+    """Served evaluation (`evaluate.backend` sglang): every set, drafter and k in one job, the target
+    in SGLang (`evaluate.served`); writes `out_json` atomically and returns its dict. `record` as
+    `serve_drafters`'s."""
+    import tempfile
+
+    import sglang
+
+    from eyas.evaluate.served import serve_drafters, write_served
+    from eyas.sglang_engine import SERVED_OWNED_ARGS, base_engine_args, server_arg_names, user_engine_args
+
+    drafters, _, identity = load_drafters(drafter_dir, model_dir, baselines)
+    tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
+    config = drafters["trained"].config
+    ks = list(settings.num_draft_tokens)
+    max_prompt = config.max_position_embeddings - settings.max_new_tokens - 2 * max(ks) - 2
+    prompt_sets = {
+        name: load_prompt_set(name, path, tokenizer, settings.num_prompts, max_prompt, set_formats.get(name))
+        for name, path in set_paths.items()
+    }
+    for name, prompt_set in prompt_sets.items():
+        if not prompt_set.prompts:
+            raise ValueError(f"{set_paths[name]}: no {name} prompt fits (max {max_prompt} tokens)")
+    base = base_engine_args(engine_settings, model_dir, "bfloat16", trust_remote_code)
+    base |= user_engine_args(engine_settings.engine_args, server_arg_names(), SERVED_OWNED_ARGS)
+    with tempfile.TemporaryDirectory(prefix="eyas-served-", dir=Path(out_json).parent) as workdir:
+        exports = export_for_serving(drafters, export_dir, model_dir, workdir)
+        served = serve_drafters(
+            prompt_sets={name: s.prompts for name, s in prompt_sets.items()},
+            drafter_exports=exports,
+            base_args=base,
+            ks=ks,
+            max_new_tokens=settings.max_new_tokens,
+            concurrency=settings.concurrency,
+            record=record,
+        )
+    result = {
+        "format": SERVED_FORMAT,
+        "sglang_version": sglang.__version__,
+        "engine_args": {k: v for k, v in base.items() if k != "model_path"},
+        "settings": specdec_settings(vars(settings))
+        | {"num_draft_tokens": ks, "concurrency": settings.concurrency},
+        "identity": identity,
+        "meta": {name: s.meta() for name, s in prompt_sets.items()},
+        **served,
+    }
+    write_served(out_json, result)
+    return result
+
+
 def read_specdec_set(path: str, set_name: str, settings: dict, identity: dict) -> dict:
     """A per-set JSON, refused (naming the file and the field) unless it was made for `set_name` with
     these drafters (`identity` of `load_drafters`) and these settings."""
@@ -186,14 +273,29 @@ def run_evaluation(
     ttt_steps: int,
     baselines: list[dict] | None = None,
     threads: int | None = None,
+    served_path: str | None = None,
 ) -> dict:
-    """`specdec_paths` maps each evaluation set name (config order) to its `run_specdec_set` JSON;
-    `baselines` are [{name, path}] drafter dirs evaluated beside the trained and untrained drafters."""
+    """`specdec_paths` maps each evaluation set name (config order) to its `run_specdec_set` JSON (the
+    HF backend; empty when only SGLang served); `served_path` is `run_served`'s JSON (the SGLang
+    backend) or None; `baselines` are [{name, path}] drafter dirs beside the trained and untrained."""
     if threads:
         torch.set_num_threads(threads)
     device = resolve_device(settings["device"])
     drafters, expected, identity = load_drafters(drafter_dir, model_dir, baselines)
     sets = {name: read_specdec_set(path, name, settings, identity) for name, path in specdec_paths.items()}
+    served = read_served(served_path, settings, identity) if served_path else None
+    if not sets:
+        if served is None:
+            raise ValueError("evaluate: neither an HF (specdec) nor a served result to merge")
+        first_k = str(served["settings"]["num_draft_tokens"][0])
+        sets = {
+            name: {
+                "device": "cuda",
+                "meta": served["meta"][name],
+                "reports": {d: specdec_view(by_k[first_k]) for d, by_k in drafters_.items()},
+            }
+            for name, drafters_ in served["sets"].items()
+        }
     devices = {data["device"] for data in sets.values()}
     if len(devices) != 1:
         raise ValueError(
@@ -218,5 +320,27 @@ def run_evaluation(
         "baselines": {item["name"]: item["path"] for item in baselines or []},
         **{f"drafter_{k}": v for k, v in expected.items()},
     }
+    meta["backend"] = ("hf+sglang" if specdec_paths else "sglang") if served else "hf"
     specdec = {name: data["reports"] for name, data in sets.items()}
-    return write_summary(out_summary, out_plot, offline=offline, specdec=specdec, meta=meta)
+    return write_summary(out_summary, out_plot, offline=offline, specdec=specdec, meta=meta, served=served)
+
+
+def read_served(path: str, settings: dict, identity: dict) -> dict:
+    """`run_served`'s JSON, refused (naming the file and field) unless made with these drafters and
+    these settings (the k list and concurrency included)."""
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != SERVED_FORMAT:
+        raise ValueError(f"{path}: field 'format' is {data.get('format')!r}, expected {SERVED_FORMAT!r}")
+    want_settings = specdec_settings(settings) | {
+        "num_draft_tokens": list(settings["num_draft_tokens"]),
+        "concurrency": settings["concurrency"],
+    }
+    for section, want in (("identity", identity), ("settings", want_settings)):
+        have = data.get(section) or {}
+        for key, value in want.items():
+            if have.get(key) != value:
+                raise ValueError(
+                    f"{path}: field '{section}.{key}' is {have.get(key)!r}, the current drafters and "
+                    f"config give {value!r}: it was made with another drafter or settings; rerun its job"
+                )
+    return data

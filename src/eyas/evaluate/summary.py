@@ -68,13 +68,46 @@ def primary_set(specdec: dict) -> str:
     return "heldout" if "heldout" in specdec else next(iter(specdec))
 
 
-def build_summary(*, offline: dict, specdec: dict, meta: dict) -> dict:
+SERVED_ROW_FIELDS = (
+    "tau",
+    "tau_sglang",
+    "tau_batched",
+    "acceptance_by_position",
+    "tokens_per_s_bs1",
+    "speedup_bs1",
+    "tokens_per_s_batched",
+    "speedup_batched",
+)
+
+
+def served_section(served: dict) -> dict:
+    """`summary["served"]`: the served run's engine, settings, speeds and one row per (set, drafter, k)
+    with greedy-equality counts and each mismatch's position and margin."""
+    table = [
+        {"set": set_name, "drafter": drafter, "k": int(k)}
+        | {f: report.get(f) for f in SERVED_ROW_FIELDS}
+        | {
+            "greedy_equal": report["greedy_equal"]["equal"],
+            "prompts": report["greedy_equal"]["prompts"],
+            "mismatches": report["greedy_equal"]["mismatches"],
+        }
+        for set_name, drafters in served["sets"].items()
+        for drafter, by_k in drafters.items()
+        for k, report in by_k.items()
+    ]
+    keys = ("sglang_version", "engine_args", "settings", "plain", "swap_check", "timings")
+    return {key: served.get(key) for key in keys} | {"table": table}
+
+
+def build_summary(*, offline: dict, specdec: dict, meta: dict, served: dict | None = None) -> dict:
     """The summary dict (pure).
 
     offline: {drafter: evaluate_offline report}; specdec: {set: {drafter: evaluate_specdec report}},
     with drafters `trained` and `untrained` in every set. Headline, `specdec`, `specdec_untrained` and
     `offline` describe the trained drafter on the primary set; `sets`, `offline_by_drafter` and
-    `table` (one row per set and drafter: real tau beside simulated tau) hold everything.
+    `table` (one row per set and drafter: real tau beside simulated tau) hold everything. `served`
+    (the served evaluation's JSON, `evaluate.served`) adds the `served` section and the headline's
+    served figures; where only SGLang ran, `specdec` holds its figures at the first k.
     """
     if not specdec:
         raise ValueError("write_summary: no evaluation set")
@@ -112,31 +145,35 @@ def build_summary(*, offline: dict, specdec: dict, meta: dict) -> dict:
         for set_name, reports in sets.items()
         for d, r in reports.items()
     ]
-    return json_safe(
-        {
-            "format": SUMMARY_FORMAT,
-            "meta": dict(meta),
-            "headline": {
-                "set": primary,
-                "tau": trained["tau"],
-                "tau_untrained": untrained["tau"],
-                "simulated_tau": offline_by["trained"]["simulated_tau"],
-                "speedup": trained["speedup"],
-                "speedup_untrained": untrained["speedup"],
-                "greedy_equal": (mismatches == 0) if checked else None,
-                "greedy_mismatches": mismatches,
-                "tau_by_set": {
-                    name: {d: r["tau"] for d, r in reports.items()} for name, reports in sets.items()
-                },
-            },
-            "specdec": trained,
-            "specdec_untrained": untrained,
-            "offline": offline_by["trained"],
-            "table": table,
-            "sets": sets,
-            "offline_by_drafter": offline_by,
+    summary = {
+        "format": SUMMARY_FORMAT,
+        "meta": dict(meta),
+        "headline": {
+            "set": primary,
+            "tau": trained["tau"],
+            "tau_untrained": untrained["tau"],
+            "simulated_tau": offline_by["trained"]["simulated_tau"],
+            "speedup": trained["speedup"],
+            "speedup_untrained": untrained["speedup"],
+            "greedy_equal": (mismatches == 0) if checked else None,
+            "greedy_mismatches": mismatches,
+            "tau_by_set": {name: {d: r["tau"] for d, r in reports.items()} for name, reports in sets.items()},
+        },
+        "specdec": trained,
+        "specdec_untrained": untrained,
+        "offline": offline_by["trained"],
+        "table": table,
+        "sets": sets,
+        "offline_by_drafter": offline_by,
+    }
+    if served is not None:
+        summary["served"] = served_section(served)
+        trained_by_k = served["sets"][primary]["trained"]
+        summary["headline"]["served_tau_by_k"] = {k: r["tau"] for k, r in trained_by_k.items()}
+        summary["headline"]["served_speedup_bs1_by_k"] = {
+            k: r["speedup_bs1"] for k, r in trained_by_k.items()
         }
-    )
+    return json_safe(summary)
 
 
 def _nan(values: list) -> list[float]:
@@ -199,10 +236,11 @@ def write_summary(
     offline: dict,
     specdec: dict,
     meta: dict,
+    served: dict | None = None,
 ) -> dict:
     """Write `summary.json` and the acceptance PNG (both atomically); returns the summary dict.
     Arguments as `build_summary`."""
-    summary = build_summary(offline=offline, specdec=specdec, meta=meta)
+    summary = build_summary(offline=offline, specdec=specdec, meta=meta, served=served)
     text = json.dumps(summary, indent=2, sort_keys=False, allow_nan=False) + "\n"
     plot_acceptance(summary, out_plot)
     with atomic_file(out_json) as fh:

@@ -41,9 +41,9 @@ from eyas.extract.layer_conventions import sglang_layer_ids, text_model_type
 from eyas.extract.staging import PinnedPool, stage_batch
 from eyas.extract.writer import BatchWriter, empty_rows
 from eyas.quant import check_storage
+from eyas.sglang_engine import check_tested, server_arg_names, user_engine_args
 from eyas.store import CHUNK_TOKENS, hidden_store_writer, read_token_shard
 
-TESTED = ((0, 5, 17), (0, 5, 23))  # inclusive range the capture was built and tested against
 BUILTIN_CAPTURE_FROM = (0, 5, 22)  # `enable_return_aux_hidden_states` (capture-only mode) exists
 WARMUP_REQUESTS = 8
 
@@ -53,23 +53,10 @@ class PrefixReuseError(RuntimeError):
 
 
 # --------------------------------------------------------------------------- pure helpers
-def parse_version(version: str) -> tuple[int, int, int]:
-    parts = version.split("+")[0].split(".")
-    try:
-        return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in (parts + ["0", "0"])[:3])
-    except ValueError as err:
-        raise ValueError(f"sglang version {version!r} is not of the form X.Y.Z") from err
-
-
 def capture_route(version: str) -> str:
     """`builtin` (0.5.22+: capture-only server args) or `scheduler` (0.5.17-0.5.21: switched on in the
     scheduler process). The one place that decides per version."""
-    parsed = parse_version(version)
-    if not TESTED[0] <= parsed <= TESTED[1]:
-        lo, hi = (".".join(map(str, v)) for v in TESTED)
-        raise RuntimeError(
-            f"extract: sglang {version} is outside the tested range {lo}-{hi}; pin one of those"
-        )
+    parsed = check_tested(version, "extract")
     return "builtin" if parsed >= BUILTIN_CAPTURE_FROM else "scheduler"
 
 
@@ -345,18 +332,6 @@ OWNED_ARGS = frozenset(
 )
 
 
-def user_engine_args(extra: dict, known: set[str] | None) -> dict:
-    """`extract.sglang.engine_args`, refused if a key is eyas's own or (given `known`, the installed
-    ServerArgs fields) not an SGLang arg at all."""
-    for key in extra:
-        where = f"extract.sglang.engine_args.{key}"
-        if key in OWNED_ARGS:
-            raise ValueError(f"{where}: set by eyas (capture depends on it or it has its own key)")
-        if known is not None and key not in known:
-            raise ValueError(f"{where}: not a ServerArgs field of the installed sglang")
-    return dict(extra)
-
-
 def engine_args(
     route: str,
     sglang_ids: list[int],
@@ -390,16 +365,7 @@ def engine_args(
         }
     else:
         args |= {"enable_return_hidden_states": True}  # FULL capture mode on every extend batch
-    return args | user_engine_args(settings.get("engine_args") or {}, known)
-
-
-def server_arg_names() -> set[str]:
-    """The installed release's ServerArgs fields (a dataclass up to 0.5.22, a msgspec Struct after)."""
-    import inspect
-
-    from sglang.srt.server_args import ServerArgs
-
-    return set(inspect.signature(ServerArgs).parameters)
+    return args | user_engine_args(settings.get("engine_args") or {}, known, OWNED_ARGS)
 
 
 def capture_engine_class(spec: CaptureSpec):

@@ -1,0 +1,25 @@
+"""Served evaluation: every set, drafter and k with the target in SGLang (evaluate.backend sglang)."""
+
+from eyas.evaluate.stage import baseline_dirs, run_served
+from eyas.logs import setup_stage_logging
+
+sm = snakemake  # noqa: F821
+log = setup_stage_logging(sm.log[0], "served")
+result = run_served(
+    set_paths=dict(zip(sm.params.set_names, sm.input.prompts, strict=True)),
+    set_formats=sm.params.set_formats,
+    drafter_dir=sm.input.drafter,
+    export_dir=sm.input.export,
+    model_dir=sm.input.model,
+    out_json=sm.output.json,
+    settings=sm.params.settings,
+    engine_settings=sm.params.engine_settings,
+    baselines=baseline_dirs(sm.params.baseline_names, sm.input.baselines),
+    trust_remote_code=sm.params.trust_remote_code,
+)
+for set_name, drafters in result["sets"].items():
+    log.info(
+        "served %s: tau %s",
+        set_name,
+        {d: {k: r["tau"] for k, r in by_k.items()} for d, by_k in drafters.items()},
+    )

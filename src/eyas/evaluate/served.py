@@ -1,0 +1,304 @@
+"""Served evaluation: the drafters measured where they are served, inside an SGLang engine (EAGLE-3).
+
+For each k of the sweep one engine serves the target with chain drafting of k tokens; every drafter
+(trained, untrained control, baselines: SGLang export dirs) is loaded into it in turn
+(`sglang_engine.DraftSwapEngine.swap_draft`). A plain engine with the same settings decodes the same
+prompts first: the greedy reference and the speed baseline. Each (drafter, k, set) is decoded twice:
+one request at a time (batch size 1) and all prompts at once with at most `concurrency` in flight.
+
+Figures per request come from SGLang's `meta_info` (sglang 0.5.17 `managers/tokenizer_manager.py`):
+`completion_tokens`, `spec_verify_ct` (verify passes), `spec_correct_drafts_histogram` (verify passes
+by number of drafts accepted, 0..k). Two accept lengths are reported:
+- `tau_sglang` = sum completion / sum verify: SGLang's `spec_accept_length`, what SpecForge's benchmark
+  reports; it counts the token of the prefill;
+- `tau` = sum (completion - 1) / sum verify: eyas's definition (`evaluate.specdec.SpecStats`), tokens
+  per verify pass, so a pass accepting all k drafts counts k + 1.
+Greedy equality with the plain engine is reported, not asserted: in bf16 a k+1-token verify pass and a
+1-token decode round differently, and near ties flip. Each mismatch names its first position and the
+plain engine's top-2 log-probability margin there (a flip at a small margin is rounding, not a bug).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+from eyas.atomic import atomic_file
+from eyas.evaluate.summary import json_safe
+
+log = logging.getLogger("eyas.evaluate.served")
+
+SERVED_FORMAT = "eyas.served/1"
+WARMUP_TOKENS = 8
+
+
+# --------------------------------------------------------------------------- pure: one request's figures
+def request_figures(output: dict, k: int | None) -> dict:
+    """One engine output -> {output_ids, completion, verify, histogram}; `k` None for a plain engine."""
+    meta = output.get("meta_info") or {}
+    if "completion_tokens" not in meta:
+        raise ValueError(f"SGLang output has no meta_info.completion_tokens (keys {sorted(meta)})")
+    figures = {"output_ids": list(output["output_ids"]), "completion": int(meta["completion_tokens"])}
+    if k is None:
+        return figures
+    verify = meta.get("spec_verify_ct")
+    if verify is None:
+        raise ValueError(
+            "SGLang output has no meta_info.spec_verify_ct: the engine is not speculating "
+            f"(keys {sorted(meta)})"
+        )
+    histogram = list(meta.get("spec_correct_drafts_histogram") or meta.get("spec_accept_histogram") or [])
+    if histogram and (len(histogram) > k + 1 or sum(histogram) != verify):
+        raise ValueError(f"spec histogram {histogram} does not fit k={k} and {verify} verify passes")
+    return figures | {"verify": int(verify), "histogram": histogram}
+
+
+def acceptance_by_position(histograms: list[list[int]], k: int) -> dict:
+    """From verify-pass histograms (index a = passes that accepted a drafts), as `evaluate.specdec`
+    reports them: every pass proposes all k drafts (`position_attempted`); position i is reached
+    when drafts 0..i-1 were accepted and accepted when drafts 0..i were. Rates are None when unreached."""
+    counts = [0] * (k + 1)
+    for histogram in histograms:
+        for accepted, passes in enumerate(histogram):
+            counts[accepted] += passes
+    attempted = [sum(counts)] * k
+    reached = [sum(counts[i:]) for i in range(k)]
+    accepted = [sum(counts[i + 1 :]) for i in range(k)]
+
+    def rate(num: list[int], den: list[int]) -> list[float | None]:
+        return [a / n if n else None for a, n in zip(num, den, strict=True)]
+
+    return {
+        "position_attempted": attempted,
+        "position_reached": reached,
+        "position_accepted": accepted,
+        "acceptance_by_position": rate(accepted, attempted),
+        "conditional_acceptance_by_position": rate(accepted, reached),
+    }
+
+
+def aggregate(requests: list[dict], k: int) -> dict:
+    """Accept lengths (SGLang's and eyas's) and acceptance by position over a set's requests."""
+    completion = sum(r["completion"] for r in requests)
+    verify = sum(r["verify"] for r in requests)
+    histograms = [r["histogram"] for r in requests if r["histogram"]]
+    out = {
+        "num_draft_tokens": k,
+        "prompts": len(requests),
+        "completion_tokens": completion,
+        "verify_passes": verify,
+        "tau_sglang": completion / verify if verify else None,
+        "tau": (completion - len(requests)) / verify if verify else None,
+        "per_prompt_tau": [(r["completion"] - 1) / r["verify"] if r["verify"] else None for r in requests],
+    }
+    if len(histograms) == len(requests):
+        out |= acceptance_by_position(histograms, k)
+    return out
+
+
+def _top2_margin(position_logprobs) -> float | None:
+    """Log-probability of the top token minus the runner-up at one position (entries are
+    (logprob, token_id, text) tuples or lists, best first)."""
+    if not position_logprobs or len(position_logprobs) < 2:
+        return None
+    return float(position_logprobs[0][0]) - float(position_logprobs[1][0])
+
+
+def compare_to_plain(spec: list[dict], plain: list[dict]) -> dict:
+    """Greedy equality of each served output with the plain engine's: counts and, per mismatch, the
+    first differing position, both tokens and the plain engine's top-2 margin there."""
+    mismatches = []
+    for index, (s, p) in enumerate(zip(spec, plain, strict=True)):
+        a, b = s["output_ids"], p["output_ids"]
+        if a == b:
+            continue
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        top = p.get("top_logprobs") or []
+        mismatches.append(
+            {
+                "prompt": index,
+                "position": first,
+                "served_token": a[first] if first < len(a) else None,
+                "plain_token": b[first] if first < len(b) else None,
+                "plain_top2_margin": _top2_margin(top[first]) if first < len(top) else None,
+            }
+        )
+    return {"prompts": len(spec), "equal": len(spec) - len(mismatches), "mismatches": mismatches}
+
+
+# --------------------------------------------------------------------------- engine runs
+def _sampling(max_new_tokens: int) -> dict:
+    return {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+
+
+def decode_set(
+    engine,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    k: int | None,
+    logprobs: bool,
+    raw: list | None = None,
+) -> dict:
+    """Batch size 1 (one request at a time) and all prompts at once: outputs and tokens/s of each.
+    `raw`, if given, receives the engine's batch-size-1 outputs as they came (test data)."""
+    extra = {"return_logprob": True, "top_logprobs_num": 2} if logprobs else {}
+    engine.generate(input_ids=prompts[0], sampling_params=_sampling(WARMUP_TOKENS))  # kernels, graphs
+    single, start = [], time.perf_counter()
+    for prompt in prompts:
+        output = engine.generate(input_ids=prompt, sampling_params=_sampling(max_new_tokens), **extra)
+        if raw is not None:
+            raw.append(output)
+        figures = request_figures(output, k)
+        if logprobs:
+            figures["top_logprobs"] = output["meta_info"].get("output_top_logprobs")
+        single.append(figures)
+    single_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    outputs = engine.generate(input_ids=prompts, sampling_params=_sampling(max_new_tokens))
+    batched_seconds = time.perf_counter() - start
+    batched = [request_figures(o, k) for o in outputs]
+    return {
+        "single": single,
+        "batched": batched,
+        "tokens_per_s_bs1": sum(r["completion"] for r in single) / single_seconds,
+        "tokens_per_s_batched": sum(r["completion"] for r in batched) / batched_seconds,
+    }
+
+
+def _drafter_report(run: dict, plain: dict, k: int, max_new_tokens: int) -> dict:
+    report = aggregate(run["single"], k)
+    batched = aggregate(run["batched"], k)
+    return report | {
+        "max_new_tokens": max_new_tokens,
+        "plain_tokens_per_s_bs1": plain["tokens_per_s_bs1"],
+        "tau_batched": batched["tau"],
+        "tokens_per_s_bs1": run["tokens_per_s_bs1"],
+        "tokens_per_s_batched": run["tokens_per_s_batched"],
+        "speedup_bs1": run["tokens_per_s_bs1"] / plain["tokens_per_s_bs1"],
+        "speedup_batched": run["tokens_per_s_batched"] / plain["tokens_per_s_batched"],
+        "greedy_equal": compare_to_plain(run["single"], plain["single"]),
+        "greedy_equal_batched": compare_to_plain(run["batched"], plain["batched"]),
+    }
+
+
+def serve_drafters(
+    *,
+    prompt_sets: dict[str, list[list[int]]],
+    drafter_exports: dict[str, str],
+    base_args: dict,
+    ks: list[int],
+    max_new_tokens: int,
+    concurrency: int,
+    record: dict | None = None,
+) -> dict:
+    """The served figures: {plain: {set: speeds}, sets: {set: {drafter: {k: report}}}, swap_check}.
+    `record`, if given, receives the raw outputs of the first set: {"plain": [...], "spec": {k: [...]}}
+    (the first drafter's at each k)."""
+    from eyas.sglang_engine import plain_engine_args, spec_engine_args, start_engine
+
+    timings = {}
+    start = time.perf_counter()
+    engine = start_engine(plain_engine_args(base_args, concurrency), speculative=False)
+    timings["plain_start_seconds"] = time.perf_counter() - start
+    try:
+        decode = dict(max_new_tokens=max_new_tokens, k=None, logprobs=True)
+        plain = {}
+        for n, (name, prompts) in enumerate(prompt_sets.items()):
+            raw = record.setdefault("plain", []) if record is not None and n == 0 else None
+            plain[name] = decode_set(engine, prompts, **decode, raw=raw)
+    finally:
+        engine.shutdown()
+    names = list(drafter_exports)
+    sets: dict = {name: {d: {} for d in names} for name in prompt_sets}
+    swap_check = None
+    for k in ks:
+        start = time.perf_counter()
+        engine = start_engine(
+            spec_engine_args(base_args, drafter_exports[names[0]], k, concurrency), speculative=True
+        )
+        timings[f"spec_start_seconds_k{k}"] = time.perf_counter() - start
+        try:
+            for i, drafter in enumerate(names):
+                if i:
+                    engine.swap_draft(drafter_exports[drafter])
+                for n, (set_name, prompts) in enumerate(prompt_sets.items()):
+                    keep = record is not None and n == 0 and i == 0
+                    raw = record.setdefault("spec", {}).setdefault(str(k), []) if keep else None
+                    run = decode_set(
+                        engine, prompts, max_new_tokens=max_new_tokens, k=k, logprobs=False, raw=raw
+                    )
+                    sets[set_name][drafter][str(k)] = _drafter_report(run, plain[set_name], k, max_new_tokens)
+                    log.info(
+                        "served %s / %s / k=%d: tau %s",
+                        set_name,
+                        drafter,
+                        k,
+                        sets[set_name][drafter][str(k)]["tau"],
+                    )
+            if swap_check is None and len(names) > 1:
+                swap_check = _swap_back_check(
+                    engine, names[0], drafter_exports, prompt_sets, sets, k, max_new_tokens
+                )
+        finally:
+            engine.shutdown()
+    plain_speeds = {
+        name: {key: run[key] for key in ("tokens_per_s_bs1", "tokens_per_s_batched")}
+        for name, run in plain.items()
+    }
+    return {"plain": plain_speeds, "sets": sets, "swap_check": swap_check, "timings": timings}
+
+
+def _swap_back_check(
+    engine, first: str, exports: dict, prompt_sets: dict, sets: dict, k: int, max_new_tokens: int
+):
+    """Load the first drafter again after the others: its outputs and tau must be those it gave when
+    the engine started with it (a drafter swap that left a stale tensor would show here)."""
+    engine.swap_draft(exports[first])
+    set_name, prompts = next(iter(prompt_sets.items()))
+    again = decode_set(engine, prompts, max_new_tokens=max_new_tokens, k=k, logprobs=False)
+    before = sets[set_name][first][str(k)]
+    after = aggregate(again["single"], k)
+    return {
+        "set": set_name,
+        "drafter": first,
+        "k": k,
+        "tau_at_start": before["tau"],
+        "tau_after_swaps": after["tau"],
+        "verify_passes_at_start": before["verify_passes"],
+        "verify_passes_after_swaps": after["verify_passes"],
+    }
+
+
+def specdec_view(report: dict) -> dict:
+    """A served report in the fields of `evaluate_specdec`'s (summary.SPECDEC_FIELDS), at batch size 1,
+    so the summary's table and plots read served figures where the HF loop did not run."""
+    equal = report["greedy_equal"]
+    return {
+        "tau": report["tau"],
+        "temperature": 0.0,
+        "speedup": report["speedup_bs1"],
+        "spec_tokens_per_s": report["tokens_per_s_bs1"],
+        "greedy_tokens_per_s": report["plain_tokens_per_s_bs1"],
+        "acceptance_by_position": report.get("acceptance_by_position"),
+        "conditional_acceptance_by_position": report.get("conditional_acceptance_by_position"),
+        "position_attempted": report.get("position_attempted"),
+        "position_accepted": report.get("position_accepted"),
+        "greedy_equal": {
+            "checked": True,
+            "mismatch_count": len(equal["mismatches"]),
+            "mismatches": equal["mismatches"],
+        },
+        "num_prompts": report["prompts"],
+        "max_new_tokens": report["max_new_tokens"],
+        "num_draft_tokens": report["num_draft_tokens"],
+        "verify_passes": report["verify_passes"],
+        "generated_tokens": report["completion_tokens"],
+    }
+
+
+def write_served(out_json: str | os.PathLike, result: dict) -> None:
+    with atomic_file(out_json) as fh:
+        fh.write(json.dumps(json_safe(result), indent=2, allow_nan=False) + "\n")

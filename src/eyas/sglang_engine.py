@@ -1,0 +1,273 @@
+"""SGLang engines for eyas's three uses: hidden-state extraction, regeneration and served evaluation.
+
+This module and `extract/sglang_backend.py` (the capture hook) are the only ones that import sglang,
+always lazily: the argument builders are pure and run anywhere. One function builds the arguments
+every engine shares (`base_engine_args`: the target, TP, memory, attention backend, the user's
+`extract.sglang.engine_args`); each use adds its own:
+
+- served evaluation: EAGLE-3 chain drafting of k tokens, i.e. `speculative_num_steps=k,
+  speculative_eagle_topk=1, speculative_num_draft_tokens=k+1` (SGLang's own benchmark settings,
+  e.g. `benchmark/` and the EAGLE-3 section of docs/advanced_features/speculative_decoding.md), and
+  a plain engine with the same settings as the reference;
+- regeneration: a plain engine that samples.
+
+Several drafters are served by one engine per k: `DraftSwapEngine.swap_draft(dir)` loads another
+drafter's weights into the running engine's draft model in place. SGLang's own
+`update_weights_from_disk` reloads the target and the draft from one path (sglang 0.5.17,
+`managers/scheduler_components/weight_updater.py`), so in the scheduler process eyas routes a request
+whose path is an EAGLE-3 draft dir (`LlamaForCausalLMEagle3`) to the draft runners only, with the
+loader SGLang used to load that drafter at start-up. Weights are copied into the existing tensors,
+so captured CUDA graphs stay valid; the draft vocabulary map is refreshed in place too.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("eyas.sglang")
+
+TESTED = ((0, 5, 17), (0, 5, 23))  # inclusive range of releases eyas was built and tested against
+EAGLE3_DRAFT_ARCH = "LlamaForCausalLMEagle3"
+LOAD_FORMAT_AUTO = "auto"  # SGLang's LoadFormat.AUTO: the dir's safetensors, else its .bin/.pt files
+# Args every eyas engine sets itself (from its own config keys): never from `engine_args`.
+BASE_OWNED_ARGS = frozenset(
+    {
+        "model_path",
+        "tp_size",
+        "mem_fraction_static",
+        "chunked_prefill_size",
+        "attention_backend",
+        "skip_tokenizer_init",
+        "dtype",
+        "trust_remote_code",
+    }
+)
+SPECULATIVE_ARGS = frozenset(
+    {
+        "speculative_algorithm",
+        "speculative_draft_model_path",
+        "speculative_num_steps",
+        "speculative_eagle_topk",
+        "speculative_num_draft_tokens",
+    }
+)
+SERVED_OWNED_ARGS = (
+    BASE_OWNED_ARGS
+    | SPECULATIVE_ARGS
+    | {
+        "max_running_requests",
+        "disable_radix_cache",
+        "cuda_graph_max_bs_decode",
+    }
+)
+
+
+# --------------------------------------------------------------------------- pure helpers
+def parse_version(version: str) -> tuple[int, int, int]:
+    parts = version.split("+")[0].split(".")
+    try:
+        return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in (parts + ["0", "0"])[:3])
+    except ValueError as err:
+        raise ValueError(f"sglang version {version!r} is not of the form X.Y.Z") from err
+
+
+def check_tested(version: str, stage: str) -> tuple[int, int, int]:
+    parsed = parse_version(version)
+    if not TESTED[0] <= parsed <= TESTED[1]:
+        lo, hi = (".".join(map(str, v)) for v in TESTED)
+        raise RuntimeError(
+            f"{stage}: sglang {version} is outside the tested range {lo}-{hi}; pin one of those"
+        )
+    return parsed
+
+
+def user_engine_args(extra: dict, known: set[str] | None, owned: frozenset[str] = BASE_OWNED_ARGS) -> dict:
+    """`extract.sglang.engine_args`, refused if a key is one eyas sets itself (`owned`) or (given
+    `known`, the installed ServerArgs fields) not an SGLang arg at all."""
+    for key in extra:
+        where = f"extract.sglang.engine_args.{key}"
+        if key in owned:
+            raise ValueError(f"{where}: set by eyas (it depends on it or it has its own key)")
+        if known is not None and key not in known:
+            raise ValueError(f"{where}: not a ServerArgs field of the installed sglang")
+    return dict(extra)
+
+
+def base_engine_args(settings, model_dir: str | os.PathLike, dtype: str, trust_remote_code: bool) -> dict:
+    """What every eyas engine of the target shares; `settings` is `extract.sglang` (SglangSettings)."""
+    args = {
+        "model_path": os.fspath(model_dir),
+        "tp_size": settings.tp_size,
+        "mem_fraction_static": settings.mem_fraction_static,
+        "chunked_prefill_size": settings.chunked_prefill_size,
+        "skip_tokenizer_init": True,  # requests are token ids, outputs `output_ids`
+        "dtype": dtype,
+        "trust_remote_code": trust_remote_code,
+        "random_seed": 0,
+        "log_level": "warning",
+    }
+    if settings.attention_backend:
+        args["attention_backend"] = settings.attention_backend
+    return args
+
+
+def spec_engine_args(base: dict, draft_dir: str | os.PathLike, k: int, concurrency: int) -> dict:
+    """EAGLE-3 chain drafting of k tokens a verify pass, at most `concurrency` requests at once."""
+    if k < 1:
+        raise ValueError(f"evaluate.num_draft_tokens: {k} must be >= 1")
+    return (
+        base
+        | {
+            "speculative_algorithm": "EAGLE3",
+            "speculative_draft_model_path": os.fspath(draft_dir),
+            "speculative_num_steps": k,
+            "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": k + 1,
+        }
+        | plain_engine_args({}, concurrency)
+    )
+
+
+def plain_engine_args(base: dict, concurrency: int) -> dict:
+    """The same engine without speculation (the reference), at most `concurrency` requests at once;
+    no prefix cache, so a repeated prompt is prefilled again and runs are comparable."""
+    return base | {
+        "max_running_requests": concurrency,
+        "cuda_graph_max_bs_decode": concurrency,  # graphs only for batch sizes that occur: faster start
+        "disable_radix_cache": True,
+    }
+
+
+def generation_engine_args(base: dict, seed: int) -> dict:
+    """Regeneration: the engine schedules every prompt itself; the prefix cache stays on (turns of one
+    conversation share their history)."""
+    return base | {"random_seed": seed}
+
+
+def is_eagle3_draft_dir(path: str | os.PathLike) -> bool:
+    config = Path(path) / "config.json"
+    try:
+        return EAGLE3_DRAFT_ARCH in (json.loads(config.read_text()).get("architectures") or [])
+    except (OSError, ValueError):
+        return False
+
+
+def server_arg_names() -> set[str]:
+    """The installed release's ServerArgs fields (a dataclass up to 0.5.22, a msgspec Struct after)."""
+    import inspect
+
+    from sglang.srt.server_args import ServerArgs
+
+    return set(inspect.signature(ServerArgs).parameters)
+
+
+# --------------------------------------------------------------------------- in the scheduler process
+def _draft_runners(spec_worker) -> list:
+    """The draft model runners of the scheduler's speculative worker: 0.5.23 lists them in
+    `weight_update_runners()` as (role, runner); 0.5.17 keeps them on its inner draft worker."""
+    if hasattr(spec_worker, "weight_update_runners"):
+        return [runner for role, runner in spec_worker.weight_update_runners() if role == "draft"]
+    return list(spec_worker.draft_worker.draft_runners)
+
+
+def _refresh_hot_token_ids(draft_worker, runner) -> None:
+    """The worker keeps a device copy of the draft model's `hot_token_id` (d2t + arange) taken at
+    start-up; `load_weights` sets a new one on the model. Copy it in place (graphs hold the tensor)."""
+    new = getattr(runner.model, "hot_token_id", None)
+    for holder in (draft_worker, getattr(draft_worker, "draft_worker", None)):
+        old = getattr(holder, "hot_token_id", None) if holder is not None else None
+        if old is None or new is None:
+            continue
+        if old.shape != new.shape:
+            raise ValueError(
+                f"draft vocabulary of {old.shape[0]} tokens cannot become {new.shape[0]} in a running engine"
+            )
+        old.copy_(new.to(old.device))
+
+
+def swap_draft_weights(draft_worker, path: str, load_format: str | None) -> tuple[bool, str]:
+    """Load the drafter at `path` into every draft runner in place; (success, message)."""
+    try:
+        for runner in _draft_runners(draft_worker):
+            load = load_format or LOAD_FORMAT_AUTO
+            ok, message = runner.weight_updater.update_weights_from_disk(path, load)
+            if not ok:
+                return False, f"{path}: {message}"
+            _refresh_hot_token_ids(draft_worker, runner)
+    except Exception as err:  # reported to the caller, which fails the job naming the drafter
+        return False, f"{path}: {type(err).__name__}: {err}"
+    return True, f"draft weights loaded from {path}"
+
+
+def install_draft_swap() -> None:
+    """Route update-weights-from-disk requests for an EAGLE-3 draft dir to the draft runners only."""
+    from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqOutput
+    from sglang.srt.managers.scheduler_components import weight_updater
+
+    manager = weight_updater.SchedulerWeightUpdaterManager
+    original = manager.update_weights_from_disk
+    if getattr(original, "eyas_draft_swap", False):
+        return
+
+    @functools.wraps(original)
+    def update_weights_from_disk(self, recv_req):
+        if not is_eagle3_draft_dir(recv_req.model_path) or self.draft_worker is None:
+            return original(self, recv_req)
+        success, message = swap_draft_weights(self.draft_worker, recv_req.model_path, recv_req.load_format)
+        if success:
+            self.flush_cache()  # nothing is cached across drafters (radix cache off); frees the pool
+        else:
+            log.error(message)
+        return UpdateWeightFromDiskReqOutput(success=success, message=message, num_paused_requests=0)
+
+    update_weights_from_disk.eyas_draft_swap = True
+    manager.update_weights_from_disk = update_weights_from_disk
+
+
+def draft_swap_scheduler_process(*args, **kwargs):
+    """`run_scheduler_process_func` of `DraftSwapEngine`: install the swap, then run SGLang's."""
+    install_draft_swap()
+    from sglang.srt.managers.scheduler import run_scheduler_process
+
+    return run_scheduler_process(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- in the job process
+def draft_swap_engine_class():
+    """An `Engine` subclass whose scheduler processes accept `swap_draft`."""
+    from sglang.srt.entrypoints.engine import Engine
+
+    class DraftSwapEngine(Engine):
+        run_scheduler_process_func = staticmethod(draft_swap_scheduler_process)
+
+        def swap_draft(self, draft_dir: str | os.PathLike) -> None:
+            path = os.fspath(draft_dir)
+            if not is_eagle3_draft_dir(path):
+                raise ValueError(f"{path}/config.json: not an {EAGLE3_DRAFT_ARCH} drafter export")
+            result = self.update_weights_from_disk(model_path=path)
+            success, message = result[0], result[1]
+            if not success:
+                raise RuntimeError(f"SGLang did not load the drafter: {message}")
+
+    return DraftSwapEngine
+
+
+def start_engine(args: dict, *, speculative: bool):
+    """A running engine for `args` (checked against the installed ServerArgs first)."""
+    import sglang
+
+    check_tested(sglang.__version__, "sglang engine")
+    unknown = set(args) - server_arg_names()
+    if unknown:
+        raise ValueError(
+            f"engine args {sorted(unknown)} are not ServerArgs fields of sglang {sglang.__version__}"
+        )
+    if speculative:
+        return draft_swap_engine_class()(**args)
+    from sglang.srt.entrypoints.engine import Engine
+
+    return Engine(**args)

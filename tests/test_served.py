@@ -1,0 +1,191 @@
+"""Served evaluation (SGLang backend), the parts that run without a GPU: SGLang outputs -> accept lengths,
+acceptance by position and greedy equality; the served section of summary.json; the merge's checks.
+`tests/data/served/` holds engine outputs recorded on an H200 (the command is in its README)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eyas.evaluate.served import (
+    SERVED_FORMAT,
+    acceptance_by_position,
+    aggregate,
+    compare_to_plain,
+    request_figures,
+    specdec_view,
+)
+from eyas.evaluate.stage import read_served
+from eyas.evaluate.summary import build_summary
+
+RECORDED = Path(__file__).parent / "data" / "served"
+
+
+def spec_output(ids, completion, verify, histogram):
+    meta = {
+        "completion_tokens": completion,
+        "spec_verify_ct": verify,
+        "spec_correct_drafts_histogram": histogram,
+    }
+    return {"output_ids": ids, "meta_info": meta}
+
+
+def test_request_figures_read_sglang_meta_info_and_refuse_what_does_not_fit():
+    figures = request_figures(spec_output([5, 6, 7, 8, 9], 5, 2, [0, 1, 1, 0]), k=3)
+    assert figures == {"output_ids": [5, 6, 7, 8, 9], "completion": 5, "verify": 2, "histogram": [0, 1, 1, 0]}
+    assert (
+        request_figures({"output_ids": [1], "meta_info": {"completion_tokens": 1}}, k=None)["completion"] == 1
+    )
+    with pytest.raises(ValueError, match="not speculating"):
+        request_figures({"output_ids": [1], "meta_info": {"completion_tokens": 1}}, k=3)
+    with pytest.raises(ValueError, match="does not fit k=3 and 2 verify passes"):
+        request_figures(spec_output([1], 5, 2, [0, 1, 0, 0]), k=3)  # 1 pass in the histogram, 2 counted
+    with pytest.raises(ValueError, match="does not fit k=1"):
+        request_figures(spec_output([1], 5, 2, [0, 1, 1]), k=1)  # 2 accepted with k=1
+    with pytest.raises(ValueError, match="completion_tokens"):
+        request_figures({"output_ids": [1], "meta_info": {}}, k=None)
+
+
+def test_accept_lengths_in_both_definitions_and_by_position():
+    # prompt 0: the prefill's token + 9 in 3 passes accepting 1, 2, 3 drafts (2 + 3 + 4 tokens);
+    # prompt 1: the prefill's token + 3 in 3 passes accepting none.
+    requests = [
+        {"completion": 10, "verify": 3, "histogram": [0, 1, 1, 1]},
+        {"completion": 4, "verify": 3, "histogram": [3, 0, 0, 0]},
+    ]
+    out = aggregate(requests, k=3)
+    assert out["tau_sglang"] == pytest.approx(14 / 6)
+    assert out["tau"] == pytest.approx(12 / 6)  # eyas: the prefill's token is not a pass's
+    assert out["per_prompt_tau"] == [pytest.approx(3.0), pytest.approx(1.0)]
+    # passes by drafts accepted over both prompts: a=0: 3, a=1: 1, a=2: 1, a=3: 1 (6 passes)
+    assert out["position_attempted"] == [6, 6, 6]
+    assert out["position_reached"] == [6, 3, 2]
+    assert out["position_accepted"] == [3, 2, 1]
+    assert out["acceptance_by_position"] == [0.5, pytest.approx(1 / 3), pytest.approx(1 / 6)]
+    assert out["conditional_acceptance_by_position"] == [0.5, pytest.approx(2 / 3), 0.5]
+    assert acceptance_by_position([[0, 0]], 1)["conditional_acceptance_by_position"] == [None]
+
+
+def test_greedy_equality_locates_each_mismatch_with_the_plain_margin():
+    plain = [
+        {"output_ids": [1, 2, 3], "top_logprobs": [[(-0.1, 1, None), (-3.0, 9, None)]] * 3},
+        {
+            "output_ids": [4, 5, 6],
+            "top_logprobs": [[(-0.5, 4, None), (-2.0, 7, None)], [[-0.6, 5, None], [-0.61, 8, None]]],
+        },
+    ]
+    spec = [{"output_ids": [1, 2, 3]}, {"output_ids": [4, 8, 6]}]
+    got = compare_to_plain(spec, plain)
+    assert got["prompts"] == 2 and got["equal"] == 1
+    (miss,) = got["mismatches"]
+    assert miss["prompt"] == 1 and miss["position"] == 1
+    assert (miss["served_token"], miss["plain_token"]) == (8, 5)
+    assert miss["plain_top2_margin"] == pytest.approx(0.01)
+    shorter = compare_to_plain([{"output_ids": [1, 2]}], [{"output_ids": [1, 2, 3]}])
+    assert shorter["mismatches"][0]["position"] == 2 and shorter["mismatches"][0]["served_token"] is None
+
+
+def served_report(tau_passes: tuple[int, int], prompts=2, k=3, equal=2) -> dict:
+    completion, verify = tau_passes
+    report = aggregate(
+        [{"completion": completion, "verify": verify, "histogram": [verify, 0, 0, 0][: k + 1]}] * prompts, k
+    )
+    return report | {
+        "tau_batched": report["tau"],
+        "max_new_tokens": 16,
+        "tokens_per_s_bs1": 100.0,
+        "tokens_per_s_batched": 400.0,
+        "plain_tokens_per_s_bs1": 200.0,
+        "speedup_bs1": 0.5,
+        "speedup_batched": 0.8,
+        "greedy_equal": {"prompts": prompts, "equal": equal, "mismatches": []},
+        "greedy_equal_batched": {"prompts": prompts, "equal": equal, "mismatches": []},
+    }
+
+
+def served_result(ks=(3, 4)) -> dict:
+    sets = {
+        name: {
+            d: {str(k): served_report((17, 16 if d == "untrained" else 8), k=k) for k in ks}
+            for d in ("trained", "untrained")
+        }
+        for name in ("heldout", "humaneval")
+    }
+    return {
+        "format": SERVED_FORMAT,
+        "sglang_version": "0.5.17",
+        "engine_args": {"tp_size": 1},
+        "settings": {"num_prompts": 2, "max_new_tokens": 16, "num_draft_tokens": list(ks), "temperature": 0.0,
+                     "seed": 0, "concurrency": 8},
+        "identity": {"drafter_sha256": "abc"},
+        "meta": {"heldout": {"prompts": 2}, "humaneval": {"prompts": 2}},
+        "plain": {"heldout": {"tokens_per_s_bs1": 200.0, "tokens_per_s_batched": 500.0}},
+        "sets": sets,
+        "swap_check": None,
+        "timings": {},
+    }  # fmt: skip
+
+
+OFFLINE = {
+    "ttt_steps": 2, "accuracy": [0.5, 0.2], "conditional_accuracy": [0.5, 0.3], "simulated_tau": 1.6,
+    "count": [4, 4], "cond_count": [4, 2], "loss": [1.0, 2.0], "num_samples": 1, "num_tokens": 8,
+}  # fmt: skip
+
+
+def test_summary_from_served_figures_alone_and_beside_hf():
+    served = served_result()
+    specdec = {
+        name: {d: specdec_view(by_k["3"]) for d, by_k in drafters.items()}
+        for name, drafters in served["sets"].items()
+    }
+    summary = build_summary(
+        offline={"trained": OFFLINE, "untrained": OFFLINE}, specdec=specdec, meta={}, served=served
+    )
+    assert summary["headline"]["tau"] == pytest.approx(2.0)  # (17 - 1) / 8 per prompt
+    assert summary["headline"]["tau_untrained"] == pytest.approx(1.0)
+    assert summary["headline"]["served_tau_by_k"] == {"3": pytest.approx(2.0), "4": pytest.approx(2.0)}
+    rows = summary["served"]["table"]
+    assert len(rows) == 2 * 2 * 2  # sets x drafters x k
+    assert {(r["set"], r["drafter"], r["k"]) for r in rows} >= {
+        ("heldout", "trained", 4),
+        ("humaneval", "untrained", 3),
+    }
+    assert summary["specdec"]["greedy_equal"] == {"checked": True, "mismatch_count": 0, "mismatches": []}
+    assert summary["table"][0]["speedup"] == 0.5
+
+
+def test_merge_refuses_a_served_result_of_other_settings_or_drafters(tmp_path):
+    path = tmp_path / "served.json"
+    path.write_text(json.dumps(served_result()))
+    settings = {"num_prompts": 2, "max_new_tokens": 16, "num_draft_tokens": [3, 4], "concurrency": 8}
+    assert read_served(str(path), settings, {"drafter_sha256": "abc"})["sglang_version"] == "0.5.17"
+    with pytest.raises(ValueError, match=r"served.json: field 'settings.num_draft_tokens' is \[3, 4\]"):
+        read_served(str(path), settings | {"num_draft_tokens": [3, 4, 5]}, {"drafter_sha256": "abc"})
+    with pytest.raises(ValueError, match="field 'settings.concurrency'"):
+        read_served(str(path), settings | {"concurrency": 1}, {"drafter_sha256": "abc"})
+    with pytest.raises(ValueError, match="field 'identity.drafter_sha256'"):
+        read_served(str(path), settings, {"drafter_sha256": "def"})
+
+
+@pytest.mark.skipif(not (RECORDED / "outputs.json").exists(), reason="no recorded engine outputs")
+def test_recorded_engine_outputs_give_the_recorded_figures():
+    """Outputs of a real SGLang engine (plain and EAGLE-3 at each k) through the same functions."""
+    recorded = json.loads((RECORDED / "outputs.json").read_text())
+    plain = [request_figures(o, None) | {"top_logprobs": o["meta_info"].get("output_top_logprobs")}
+             for o in recorded["plain"]]  # fmt: skip
+    for k, outputs in recorded["spec"].items():
+        figures = [request_figures(o, int(k)) for o in outputs]
+        report = aggregate(figures, int(k))
+        completion = sum(o["meta_info"]["completion_tokens"] for o in outputs)
+        verify = sum(o["meta_info"]["spec_verify_ct"] for o in outputs)
+        assert report["tau_sglang"] == pytest.approx(completion / verify)
+        assert report["tau"] == pytest.approx((completion - len(outputs)) / verify)
+        assert sum(report["position_attempted"][:1]) == verify
+        mean_sglang = sum(
+            o["meta_info"]["spec_accept_length"] * o["meta_info"]["spec_verify_ct"] for o in outputs
+        )
+        assert report["tau_sglang"] == pytest.approx(mean_sglang / verify)  # SGLang's own per-request figure
+        equal = compare_to_plain(figures, plain)
+        assert equal["equal"] + len(equal["mismatches"]) == len(outputs)
