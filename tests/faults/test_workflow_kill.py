@@ -73,7 +73,7 @@ def _config(workdir: Path, model: Path) -> Path:
         "extract: {device: cpu, token_budget: 512}\n"
         "train: {epochs: 1, max_steps: 2, warmup_steps: 1, ttt_steps: 2, token_budget: 256,"
         " checkpoint_every: 2, device: cpu, progress: false, select_by_tau: false}\n"
-        "evaluate: {num_prompts: 2, max_new_tokens: 6, num_draft_tokens: 2, device: cpu, sets: [heldout]}\n"
+        "evaluate: {num_prompts: 2, max_new_tokens: 6, num_draft_tokens: [2], device: cpu, sets: [heldout]}\n"
         # sampled (seeded): the random tiny target's greedy answer is empty, its samples are not
         "regenerate: {enabled: true, max_new_tokens: 6, batch_size: 4, device: cpu, temperature: 1.0}\n"
     )
