@@ -6,8 +6,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from eyas.config import ASSET_NAME_PATTERN, DEFAULT_MODEL_SOURCE, LLAMAFACTORY_PREFIX, load_config  # noqa: E402
+from eyas.config import check_local_paths, local_paths  # noqa: E402
+from eyas.model_dir import check_model_dir  # noqa: E402
 
-EYAS = load_config(config)
+EYAS = load_config(config, command_line=workflow.config_settings.config)  # --config values come as strings
+check_local_paths(*local_paths(EYAS))  # before any job: a missing input is no error on a finished run
+if EYAS.model.source != DEFAULT_MODEL_SOURCE:  # a local target dir (the default one is fetched by a job)
+    check_model_dir(EYAS.model.source, EYAS.extract.backend, EYAS.model.trust_remote_code)
 SPLITS = ("train", "eval")
 
 # Snakemake reruns a `script:` rule when the script changes, not when the package code it calls

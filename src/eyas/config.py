@@ -433,9 +433,141 @@ def _build(cls: type, values: Any, key: str):
     return cls(**kwargs)
 
 
-def load_config(values: dict) -> Config:
-    """Validate a config mapping (as Snakemake's `config`) into a `Config`; errors name the key."""
+# --------------------------------------------------------------------------- `snakemake --config`
+# Snakemake reads a `--config key=value` value with int, float, its bool parser, then YAML's BaseLoader
+# (snakemake/cli.py `parse_config`), so a top-level value is typed but every scalar nested in a mapping
+# or list stays a string: `--config "train={epochs: 1}"` arrives as {"train": {"epochs": "1"}}. Those
+# values, and only those (a config file's are typed by YAML already and stay strict), are read here as a
+# YAML scalar wherever the schema wants something other than a string: `1` -> 1, `1.5` / `1e-3` -> float,
+# `true` / `false` -> bool, `null` / `~` -> None (also for a nullable string key). A string the schema
+# accepts as it is (a path, a model id, a `Literal` choice) is kept as typed, quotes and all.
+_YAML_NULLS = frozenset({"null", "Null", "NULL", "~"})
+
+
+def _accepts_string(hint: Any, value: str) -> bool:
+    origin = get_origin(hint)
+    if hint is str or hint is Any:
+        return True
+    if origin is Literal:
+        return value in get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_accepts_string(option, value) for option in get_args(hint))
+    return False
+
+
+def _yaml_scalar(text: str, hint: Any) -> Any:
+    """`text` read as a YAML scalar (safe loader); kept as the string if it is not one."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str) and hint is float:  # PyYAML's float needs a dot: `1e-3` stays a string
+        try:
+            return float(text)
+        except ValueError:
+            return text
+    return value if value is None or isinstance(value, bool | int | float | str) else text
+
+
+def _from_command_line(value: Any, hint: Any) -> Any:
+    """Type the strings of a `--config` value the way the schema `hint` at that key wants them."""
+    origin = get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [o for o in get_args(hint) if o is not type(None)]
+        if isinstance(value, str) and value in _YAML_NULLS and type(None) in get_args(hint):
+            return None
+        if isinstance(value, str) and _accepts_string(hint, value):
+            return value
+        for option in options:  # the option whose shape matches the value's (mapping, list, scalar)
+            if isinstance(value, dict) and (dataclasses.is_dataclass(option) or get_origin(option) is dict):
+                return _from_command_line(value, option)
+            if isinstance(value, list) and get_origin(option) is list:
+                return _from_command_line(value, option)
+        return _from_command_line(value, options[0]) if len(options) == 1 else value
+    if isinstance(value, dict):
+        if dataclasses.is_dataclass(hint):
+            hints = typing.get_type_hints(hint)
+            return {k: _from_command_line(v, hints[k]) if k in hints else v for k, v in value.items()}
+        if origin is dict:
+            item = get_args(hint)[1] if get_args(hint) else Any
+            return {k: _from_command_line(v, item) for k, v in value.items()}
+        return value
+    if isinstance(value, list):
+        item = get_args(hint)[0] if origin is list and get_args(hint) else Any
+        return [_from_command_line(v, item) for v in value]
+    if isinstance(value, str) and hint is Any:  # free-form mappings (engine_args): YAML scalars
+        return _yaml_scalar(value, hint)
+    if isinstance(value, str) and not _accepts_string(hint, value):
+        return _yaml_scalar(value, hint)
+    return value
+
+
+def _overlay(base: Any, top: Any) -> Any:
+    """`top` over `base` the way Snakemake merges `--config` into the config: mappings key by key,
+    anything else replaced."""
+    if isinstance(base, dict) and isinstance(top, dict):
+        return {**base, **{k: _overlay(base.get(k), v) for k, v in top.items()}}
+    return top
+
+
+def load_config(values: dict, command_line: dict | None = None) -> Config:
+    """Validate a config mapping (as Snakemake's `config`) into a `Config`; errors name the key.
+
+    `command_line` is the part of `values` that came from `snakemake --config` (Snakemake's
+    `workflow.config_settings.config`): its strings are typed by the schema first (see above)."""
+    if command_line:
+        values = _overlay(values, _from_command_line(dict(command_line), Config))
     return _build(Config, values, "")
+
+
+# --------------------------------------------------------------------------- local paths
+HUB_ID_PATTERN = r"[\w.\-]+/[\w.\-]+"  # `org/name`: what a user who meant a hub repo id writes
+
+
+def local_paths(config: Config) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The local paths the config names, as ([(key, file)], [(key, dir)]); fetched ones are left out."""
+    files = [
+        (f"data.inputs[{i}].path", item.path)
+        for i, item in enumerate(config.data.inputs)
+        if not item.path.startswith(LLAMAFACTORY_PREFIX)
+    ]
+    files += [
+        (f"evaluate.sets[{i}].path", s.path)
+        for i, s in enumerate(config.evaluate.sets)
+        if isinstance(s, PromptFileSet)
+    ]
+    dirs = [(f"evaluate.baselines[{i}].path", b.path) for i, b in enumerate(config.evaluate.baselines)]
+    if config.model.source != DEFAULT_MODEL_SOURCE:
+        dirs.insert(0, ("model.source", config.model.source))
+    return files, dirs
+
+
+def check_local_paths(files: list[tuple[str, str]], dirs: list[tuple[str, str]] = ()) -> None:
+    """Refuse, naming every key, config paths that are not an existing file / directory.
+
+    Run when the workflow is parsed, before any job: a missing input is otherwise not an error on a
+    finished run (its outputs exist, so Snakemake has nothing to do and the old data stay in use).
+    Relative paths are read from the working directory (Snakemake's `--directory`)."""
+    problems = []
+    for key, path in files:
+        if not Path(path).is_file():
+            what = "is a directory, not a file" if Path(path).is_dir() else "does not exist"
+            problems.append(f"{key}: {path} {what}")
+    for key, path in dirs:
+        if not Path(path).is_dir():
+            what = "is a file, not a directory" if Path(path).exists() else "does not exist"
+            hint = ""
+            if key == "model.source" and what == "does not exist" and re.fullmatch(HUB_ID_PATTERN, path):
+                hint = (
+                    " (a hub id is never downloaded: fetch it first, e.g. `hf download ID --local-dir DIR`)"
+                )
+            problems.append(f"{key}: {path} {what}{hint}")
+    if problems:
+        raise ConfigError(
+            "config paths not found (relative ones are read from "
+            + f"{Path.cwd()}):\n  "
+            + "\n  ".join(problems)
+        )
 
 
 def load_config_file(path: str | Path) -> Config:

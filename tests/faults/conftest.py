@@ -2,8 +2,15 @@
 
 A case counts as *tried* (bad input) or *injected* (fault) when its `with ledger.case(...)` block is
 entered and as *handled* / *survived* only when the block exits without an error, i.e. after the test's
-own assertions about it passed. At the end of the session the counts go to `results/faults/summary.json`
-(or `$EYAS_FAULTS_SUMMARY`), atomically, and the path is printed in pytest's terminal summary.
+own assertions about it passed. A *kind* of bad input is one distinct `expect` (expected outcome). At the
+end of the session the counts go to `results/faults/summary.json`
+(or `$EYAS_FAULTS_SUMMARY`), atomically, and the path is printed in pytest's terminal summary. The
+committed run (docs/faults-summary.json) is made by
+
+    .venv/bin/python -m pytest -q tests/faults
+    EYAS_FAULTS_MERGE=results/faults/summary.json .venv-sglang/bin/python -m pytest -q \
+        tests/faults/test_sglang_engine_death.py   # needs `make test-sglang` first
+    cp results/faults/summary.json docs/faults-summary.json
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ import pytest
 REPO = Path(__file__).parents[2]
 SUMMARY = Path(os.environ.get("EYAS_FAULTS_SUMMARY", REPO / "results" / "faults" / "summary.json"))
 KINDS = ("bad_input", "fault")
+# A summary written by an earlier session whose cases this session's summary keeps (those it did not
+# rerun): how tests that need another venv (tests/faults/test_sglang_engine_death.py) are counted.
+MERGE = os.environ.get("EYAS_FAULTS_MERGE")
 
 
 class Ledger:
@@ -40,11 +50,22 @@ class Ledger:
         def count(kind: str, ok: bool | None = None) -> int:
             return sum(1 for c in self.cases if c["kind"] == kind and (ok is None or c["ok"] == ok))
 
+        def kinds(ok: bool | None = None) -> int:  # distinct expected outcomes of the bad inputs
+            return len(
+                {
+                    c["expect"]
+                    for c in self.cases
+                    if c["kind"] == "bad_input" and (ok is None or c["ok"] == ok)
+                }
+            )
+
         return {
             "faults_injected": count("fault"),
             "faults_survived": count("fault", True),
             "bad_inputs_tried": count("bad_input"),
             "bad_inputs_handled": count("bad_input", True),
+            "bad_input_kinds_tried": kinds(),
+            "bad_input_kinds_handled": kinds(True),
         }
 
 
@@ -59,10 +80,17 @@ def ledger() -> Ledger:
 def pytest_sessionfinish(session, exitstatus):
     if not _LEDGER.cases:
         return
+    command = " ".join(["pytest", *sys.argv[1:]])
+    if MERGE:  # a session in another venv (.venv-sglang) adds its cases to the main session's summary
+        previous = json.loads(Path(MERGE).read_text())
+        names = {c["name"] for c in _LEDGER.cases}
+        _LEDGER.cases[:0] = [c for c in previous["cases"] if c["name"] not in names]
+        venv = Path(sys.executable).parent.parent.name
+        command = f"{previous['command']} && EYAS_FAULTS_MERGE={MERGE} {venv}/bin/python -m {command}"
     summary = {
         **_LEDGER.counts(),
         "cases": _LEDGER.cases,
-        "command": " ".join(["pytest", *sys.argv[1:]]),
+        "command": command,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",

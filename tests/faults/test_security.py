@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eyas.config import ASSET_NAME_PATTERN, ModelSettings
+from eyas.config import ASSET_NAME_PATTERN, ModelSettings, load_config_file
 
 REPO = Path(__file__).parents[2]
 PY_FILES = sorted(p for d in ("src", "scripts", "bench", "tests") for p in (REPO / d).rglob("*.py"))
@@ -103,10 +103,14 @@ def _constraints() -> dict[str, str]:
     """The `wildcard_constraints:` block of rules/common.smk, its values evaluated."""
     text = (REPO / "rules" / "common.smk").read_text()
     block = text.split("wildcard_constraints:", 1)[1].split("\n\n", 1)[0]
-    scope = {"ASSET_NAME_PATTERN": ASSET_NAME_PATTERN}
+    # the names the values use: the asset pattern, and the default config (the `set` constraint is its sets)
+    scope = {
+        "ASSET_NAME_PATTERN": ASSET_NAME_PATTERN,
+        "EYAS": load_config_file(REPO / "config" / "config.yaml"),
+    }
     return {
-        m.group(1): eval(m.group(2), {}, scope)  # noqa: S307 (our own rule file: string literals, one name)
-        for m in re.finditer(r"^\s+(\w+)=(.+),\s*$", block, re.M)
+        m.group(1): eval(m.group(2), {}, scope)  # noqa: S307 (our own rule file: string literals, two names)
+        for m in re.finditer(r"^\s+(\w+)=(.+?),\s*(#.*)?$", block, re.M)
     }
 
 
