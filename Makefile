@@ -30,7 +30,7 @@ lint: $(VENV)/.installed
 .PHONY: test-sglang
 test-sglang:
 	bash tests/sglang/install_env.sh
-	.venv-sglang/bin/python -m pytest -q tests/sglang
+	.venv-sglang/bin/python -m pytest -q tests/sglang tests/faults/test_sglang_engine_death.py
 
 # tests/speculators/ in a third venv with the real speculators 0.9.0 and vLLM 0.33.0's config code on
 # CPU (~2.4 GB, ~5 min the first time): eyas's speculators export as speculators and vLLM read it, offline.

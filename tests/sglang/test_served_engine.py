@@ -76,16 +76,16 @@ def test_every_arg_eyas_sets_is_a_server_args_field(tmp_path):
 def test_eagle3_chain_args_resolve_as_sglang_resolves_them(dirs, ks, tmp_path):
     """ServerArgs built from the served engine's kwargs and resolved as the engine does before it starts
     any process: EAGLE-3, a chain of k drafts (top-k 1, k + 1 tokens a verify pass), starting at the
-    first k; with several k, SGLang's adaptive mode with the k list as its candidates."""
+    longest; with several k, SGLang's adaptive mode with the k list as its candidates."""
     target, draft = dirs
     base = base_engine_args(SglangSettings(), target, "bfloat16", False)
     args = ServerArgs(**spec_engine_args(base, draft, ks, 8, tmp_path), device="cpu")
     args.resolve_once()
     resolved = args.resolved_dict()
     assert resolved["speculative_algorithm"] == "EAGLE3"
-    assert resolved["speculative_num_steps"] == ks[0]
+    assert resolved["speculative_num_steps"] == max(ks)  # the longest chain first: buffers fit every k
     assert resolved["speculative_eagle_topk"] == 1
-    assert resolved["speculative_num_draft_tokens"] == ks[0] + 1
+    assert resolved["speculative_num_draft_tokens"] == max(ks) + 1
     assert resolved["speculative_draft_model_path"] == str(draft)
     assert resolved["max_running_requests"] == 8 and resolved["disable_radix_cache"] is True
     assert resolved["speculative_adaptive"] is (len(ks) > 1)
@@ -117,10 +117,12 @@ def test_the_real_adaptive_controller_is_pinned_to_each_k_and_stays_there(tmp_pa
     args = spec_engine_args(base, "/d", [4, 3, 5], 8, tmp_path)
     worker = Worker(steps=args["speculative_num_steps"])
     # built as sglang 0.5.23's EAGLEWorkerV2 builds it (0.5.17 passes the config path instead)
-    policy = AdaptiveSpeculativeParams(initial_steps=4, cfg_path=args["speculative_adaptive_config"])
+    policy = AdaptiveSpeculativeParams(
+        initial_steps=worker.speculative_num_steps, cfg_path=args["speculative_adaptive_config"]
+    )
     controller = AdaptiveController(worker, policy)
     controller.init_states(cuda_graph_bs=[1, 2, 4, 8])
-    assert controller.candidate_steps == [3, 4, 5] and worker.speculative_num_steps == 4
+    assert controller.candidate_steps == [3, 4, 5] and worker.speculative_num_steps == 5  # the longest first
     worker.adaptive_controller = controller
     for k in (5, 3):
         pin_draft_steps(worker, k)
