@@ -8,15 +8,17 @@ import sys
 import time
 
 from eyas.train import cli
-from eyas.train import trainer as trainer_mod
+from eyas.train.csvlog import TrainLog
 
 if len(sys.argv) > 2:
     stall_at = int(sys.argv[2])
+    append = TrainLog.append
 
-    def stall(step: int) -> None:
-        if step == stall_at:
+    def stall(self, row: list) -> None:
+        append(self, row)
+        if row[0] == stall_at:
             while True:
                 time.sleep(1)
 
-    trainer_mod._after_step = stall
+    TrainLog.append = stall
 cli.main(sys.argv[1:2])

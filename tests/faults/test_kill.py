@@ -138,7 +138,8 @@ def test_extract_killed_then_rerun_is_bitwise_equal(
 def test_train_killed_mid_checkpoint_keeps_the_previous_one(killed, tmp_path, ledger, one_thread):
     from eyas.config import TrainSettings
     from eyas.model.drafter import Eagle3Drafter
-    from eyas.train.trainer import checkpoint_dir, train
+    from eyas.train.checkpoint import checkpoint_dir
+    from eyas.train.trainer import train
 
     settings = TrainSettings(**TRAIN_SETTINGS)
     kwargs = killed["train"]
