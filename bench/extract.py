@@ -37,8 +37,9 @@ from eyas.extract.hf_backend import (
     plan_shard,
     run_extraction,
 )
+from eyas.layer_ids import default_aux_layer_ids
 from eyas.store import HiddenStore, TokenShard, read_token_shard
-from eyas.target import default_aux_layer_ids, load_target
+from eyas.target import load_target
 
 SHAPES = {  # Llama-3.2-1B and Llama-3.1-8B shapes
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,

@@ -4,17 +4,16 @@ import json
 from pathlib import Path
 
 from eyas.gpus import claim_gpus
+from eyas.layer_ids import resolve_aux_layer_ids
 from eyas.logs import setup_stage_logging
-from eyas.target import default_aux_layer_ids, read_config, resolve_device
+from eyas.target import read_config, resolve_device
 
 
 def main(sm) -> None:
     log = setup_stage_logging(sm.log[0], "extract")
     claim_gpus(sm.resources.get("gpu", 0), log=log)  # devices of its own before CUDA starts
     settings = sm.params.settings
-    config = read_config(sm.input.model)
-    num_layers = config.get("text_config", config)["num_hidden_layers"]
-    layer_ids = sm.params.layer_ids or default_aux_layer_ids(num_layers)
+    layer_ids = resolve_aux_layer_ids(read_config(sm.input.model), sm.params.layer_ids)
     shard = Path(sm.input.tokens) / f"shard-{sm.wildcards.shard}.zarr"
     common = dict(
         layer_ids=layer_ids,

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from eyas.config import TrainSettings
-from eyas.provenance import LAYER_ID_CONVENTION, model_hash, sha256_array
+from eyas.layer_ids import LAYER_ID_CONVENTION
+from eyas.provenance import model_hash, sha256_array
 from eyas.store import hidden_store_writer, read_token_shard, write_token_shard
 from eyas.train.trainer import train
 from eyas.vocab import build_draft_vocab, save_draft_vocab

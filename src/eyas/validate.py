@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from eyas.atomic import atomic_file
-from eyas.provenance import EYAS_VERSION, FINAL_NORM, LAYER_ID_CONVENTION, sha256_array
+from eyas.layer_ids import LAYER_ID_CONVENTION
+from eyas.provenance import EYAS_VERSION, FINAL_NORM, sha256_array
 from eyas.store import HiddenStore, read_token_shard
 
 MANIFEST_FORMAT = "eyas.manifest/1"

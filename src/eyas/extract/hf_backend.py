@@ -22,11 +22,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from eyas.capture import TapCapture, base_decoder, validate_layer_ids
+from eyas.capture import TapCapture, base_decoder
 from eyas.extract.batching import BATCH_OVERHEAD_TOKENS, CPU_BATCH_OVERHEAD_TOKENS, BatchPlan, plan_batches
 from eyas.extract.staging import PinnedPool, stage_batch
 from eyas.extract.writer import BatchWriter, empty_rows
-from eyas.provenance import EYAS_VERSION, FINAL_NORM, LAYER_ID_CONVENTION, model_hash, sha256_array
+from eyas.layer_ids import LAYER_ID_CONVENTION, text_config, validate_layer_ids
+from eyas.provenance import EYAS_VERSION, FINAL_NORM, model_hash, sha256_array
 from eyas.quant import check_storage
 from eyas.store import CHUNK_TOKENS, ProvenanceError, TokenShard, hidden_store_writer, read_token_shard
 from eyas.target import load_target, read_config
@@ -75,7 +76,7 @@ def check_shard(shard: TokenShard, path: str, vocab_size: int) -> None:
 def open_job(token_shard: str, model_dir: str | os.PathLike, layer_ids: list[int]):
     """What every backend checks first: (model config, num_layers, hidden, validated layer_ids, shard)."""
     config = read_config(model_dir)
-    text = config.get("text_config", config)  # multimodal wrappers nest the language model's config
+    text = text_config(config)
     num_layers, hidden = int(text["num_hidden_layers"]), int(text["hidden_size"])
     layer_ids = validate_layer_ids(layer_ids, num_layers)
     shard = read_token_shard(token_shard)

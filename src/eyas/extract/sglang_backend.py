@@ -37,9 +37,9 @@ from eyas.extract.hf_backend import (
     store_attrs,
     stored_bytes,
 )
-from eyas.extract.layer_conventions import sglang_layer_ids, text_model_type
 from eyas.extract.staging import PinnedPool, stage_batch
 from eyas.extract.writer import BatchWriter, empty_rows
+from eyas.layer_ids import sglang_layer_ids, text_model_type
 from eyas.quant import check_storage
 from eyas.store import CHUNK_TOKENS, hidden_store_writer, read_token_shard
 
