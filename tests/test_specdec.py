@@ -287,3 +287,23 @@ def test_greedy_cache_decodes_each_prompt_once_and_still_checks(tiny_model_dir, 
     cache[1] = ([(cache[1][0][0] + 1) % VOCAB, *cache[1][0][1:]], cache[1][1])
     third = evaluate_specdec(tiny_model_dir, other, prompts, **kwargs, greedy_cache=cache)
     assert third["greedy_equal"]["mismatches"] == [{"prompt": 1, "first_mismatch": 0}]
+
+
+def test_a_loaded_target_is_used_as_is(tiny_model_dir, monkeypatch):
+    """A set's drafters share one loaded target (evaluate/stage.py): passing it gives the report a
+    fresh load gives, and nothing is loaded again."""
+    from eyas.target import load_target
+
+    prompts = [[1, 42, 977], [5, 6, 7, 8, 9]]
+    kwargs = dict(max_new_tokens=8, num_draft_tokens=3, eos_token_ids={2}, aux_layer_ids=AUX)
+    drafter = random_drafter(tiny_model_dir)
+    fresh = evaluate_specdec(tiny_model_dir, drafter, prompts, **kwargs)
+    target = load_target(tiny_model_dir)
+    monkeypatch.setattr(specdec, "load_target", lambda *a, **k: pytest.fail("target loaded again"))
+    shared = evaluate_specdec(tiny_model_dir, drafter, prompts, **kwargs, target=target)
+    timing = ("wall_seconds", "greedy_seconds", "tokens_per_s")
+    for a, b in zip(fresh["per_prompt"], shared["per_prompt"], strict=True):
+        assert {k: v for k, v in a.items() if k not in timing} == {
+            k: v for k, v in b.items() if k not in timing
+        }
+    assert fresh["tau"] == shared["tau"] and shared["greedy_equal"]["equal_prompts"] == 2

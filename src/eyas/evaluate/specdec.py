@@ -352,6 +352,7 @@ def evaluate_specdec(
     temperature: float = 0.0,
     seed: int = 0,
     greedy_cache: dict | None = None,
+    target=None,
 ) -> dict:
     """Speculative vs plain decoding over `prompts`: tau, acceptance by draft position, speed.
 
@@ -364,8 +365,11 @@ def evaluate_specdec(
     greedy_cache: {prompt index: (plain greedy output, seconds)} shared by calls on the same prompts,
     target and settings (e.g. one per prompt set): at temperature 0 the plain side of each prompt is
     decoded and timed once and reused by every drafter, since it does not depend on the drafter.
+    target: the target already loaded from `model_dir` on `device` in `dtype` (`load_target`), so a
+    set's drafters share one copy; loaded here when None.
     """
-    target = load_target(model_dir, dtype=dtype, device=device)
+    if target is None:
+        target = load_target(model_dir, dtype=dtype, device=device)
     drafter = drafter.to(device=device, dtype=dtype).eval()
     k = num_draft_tokens
     sampling = {"temperature": temperature, "generator": torch.Generator(device=device).manual_seed(seed)}

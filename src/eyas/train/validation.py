@@ -9,6 +9,7 @@ import torch
 
 from eyas.train import distributed as ddp
 from eyas.train.checkpoint import Checkpointer, RunState
+from eyas.train.heldout import evaluate_offline
 
 log = logging.getLogger("eyas.train")
 
@@ -24,8 +25,6 @@ class HeldoutMetrics:
         self.device = device
 
     def __call__(self, model) -> dict:
-        from eyas.evaluate.offline import evaluate_offline
-
         metrics = evaluate_offline(
             model,
             self.heldout["token_shards"],
