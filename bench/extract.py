@@ -30,13 +30,8 @@ import torch
 
 from eyas.capture import TapCapture, base_decoder
 from eyas.extract import hf_backend
-from eyas.extract.hf_backend import (
-    batch_input_ids,
-    extraction_stats,
-    peak_rss_bytes,
-    plan_shard,
-    run_extraction,
-)
+from eyas.extract.hf_backend import batch_input_ids, extraction_stats, plan_shard, run_extraction
+from eyas.extract.job import peak_rss_bytes
 from eyas.layer_ids import default_aux_layer_ids
 from eyas.store import HiddenStore, TokenShard, read_token_shard
 from eyas.target import load_target

@@ -6,6 +6,7 @@ from pathlib import Path
 from eyas.gpus import claim_gpus
 from eyas.layer_ids import resolve_aux_layer_ids
 from eyas.logs import setup_stage_logging
+from eyas.store import shard_name
 from eyas.target import read_config, resolve_device
 
 
@@ -14,7 +15,7 @@ def main(sm) -> None:
     claim_gpus(sm.resources.get("gpu", 0), log=log)  # devices of its own before CUDA starts
     settings = sm.params.settings
     layer_ids = resolve_aux_layer_ids(read_config(sm.input.model), sm.params.layer_ids)
-    shard = Path(sm.input.tokens) / f"shard-{sm.wildcards.shard}.zarr"
+    shard = Path(sm.input.tokens) / shard_name(sm.wildcards.shard)
     common = dict(
         layer_ids=layer_ids,
         dtype=settings["dtype"],

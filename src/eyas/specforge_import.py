@@ -33,7 +33,7 @@ from eyas.provenance import (
     sha256_array,
     tokenizer_hash,
 )
-from eyas.store import CHUNK_TOKENS, hidden_store_writer, write_token_shard
+from eyas.store import CHUNK_TOKENS, hidden_store_writer, shard_name, write_token_shard
 from eyas.target import load_tokenizer, read_config
 
 FILE_PATTERN = re.compile(r"data_(\d+)\.ckpt$")
@@ -101,7 +101,7 @@ def _write_shard(
     num_taps: int,
     chunk_tokens: int,
 ) -> None:
-    name = f"shard-{shard:05d}.zarr"
+    name = shard_name(shard)
     token_samples = [(sample.input_ids, sample.loss_mask) for sample in samples]
     sample_ids = [f"specforge:{s.index}" for s in samples]
     attrs = {**token_attrs, "shard": shard, "num_shards": num_shards}

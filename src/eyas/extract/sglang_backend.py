@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from eyas.atomic import atomic_file
-from eyas.extract.hf_backend import (
+from eyas.extract.job import (
     default_writer_threads,
     open_job,
     peak_rss_bytes,

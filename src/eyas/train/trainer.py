@@ -23,7 +23,7 @@ from tqdm import tqdm
 from eyas import target
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
 from eyas.provenance import DRAFTER_PROVENANCE, sha256_file
-from eyas.store import ProvenanceError, check_provenance
+from eyas.store import STORE_IDENTITY, ProvenanceError, check_provenance
 from eyas.target import load_embed_and_head, load_target_tensor, read_config
 from eyas.train import distributed as ddp
 from eyas.train.checkpoint import Checkpointer, RunState, fingerprint
@@ -36,8 +36,6 @@ from eyas.validate import check_manifests
 from eyas.vocab import load_draft_vocab
 
 log = logging.getLogger("eyas.train")
-
-STORE_IDENTITY = ("model_id", "model_hash", "layer_ids", "layer_id_convention", "hidden_size", "num_taps")
 
 
 # --------------------------------------------------------------------------- pure helpers
