@@ -2,7 +2,7 @@
 
 import json
 
-from eyas.config import TrainSettings
+from eyas.config import TrainSettings, stage_settings
 from eyas.gpus import claim_gpus
 from eyas.logs import setup_stage_logging
 from eyas.provenance import model_hash
@@ -12,9 +12,7 @@ from eyas.train.cli import train_job
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "train")
 claim_gpus(sm.resources.get("gpu", 0), log=log)  # devices of its own before CUDA starts
-settings = TrainSettings(
-    **{**sm.params.settings, "threads": max(1, sm.threads // sm.params.settings["nproc"])}
-)
+settings = stage_settings(TrainSettings, sm.params.settings)
 token_shards = shard_paths(sm.input.tokens)
 first = read_token_shard(token_shards[0]).attrs
 expected = {
@@ -37,6 +35,7 @@ inputs = dict(
     expected_provenance=expected,
     manifests=list(sm.input.manifests),
     heldout=heldout if settings.select_by_tau else None,
+    threads=max(1, sm.threads // settings.nproc),  # per process
 )
 stats = train_job(settings, inputs, launch_log=sm.log[0])
 log.info("train: %s", json.dumps(stats))

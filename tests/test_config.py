@@ -21,7 +21,6 @@ def test_default_config_loads():
     c = cfg.load_config_file(DEFAULT)
     assert c.model.source == cfg.DEFAULT_MODEL_SOURCE
     assert c.train.ttt_steps == 7 and c.train.step_weight == 0.8
-    assert c.train.draft_vocab_size == c.vocab.draft_vocab_size
     assert [i.format for i in c.data.inputs] == ["alpaca", "sharegpt"]
 
 
@@ -38,6 +37,16 @@ def test_default_config_loads():
         ({"data": {"inputs": [{"format": "alpaca"}]}}, "missing required key path"),
         ({"tokenize": {"train_shards": 0}}, "tokenize.train_shards must be >= 1"),
         ({"data": {"eval_fraction": 1.5}}, "data.eval_fraction must be in"),
+        ({"extract": {"writer_threads": 0}}, "extract.writer_threads must be >= 1"),
+        (
+            {"extract": {"sglang": {"mem_fraction_static": 1.0}}},
+            r"extract.sglang.mem_fraction_static must be in \(0, 1\)",
+        ),
+        (
+            {"train": {"draft_vocab_size": 64}},
+            "unknown config key train.draft_vocab_size",
+        ),  # derived: vocab's
+        ({"train": {"threads": 2}}, "unknown config key train.threads"),  # the rule's threads
     ],
 )
 def test_bad_values_are_rejected_by_name(patch, message):
@@ -84,3 +93,23 @@ def test_every_key_is_documented(cls):
 def test_config_yaml_sets_only_known_keys_and_covers_every_section():
     values = _default()
     assert set(values) == {f.name for f in dataclasses.fields(cfg.Config)}
+
+
+def test_stage_settings_come_back_typed_from_rule_params():
+    """Rules pass a section as `dataclasses.asdict` (Snakemake pickles params into the script, and its
+    params rerun trigger compares only plain values); the script gets the checked dataclass back."""
+    import pickle
+
+    c = cfg.load_config_file(DEFAULT)
+    for cls, section in (
+        (cfg.TrainSettings, c.train),
+        (cfg.ExtractSettings, c.extract),
+        (cfg.DataSettings, c.data),
+    ):
+        params = pickle.loads(pickle.dumps(dataclasses.asdict(section)))
+        assert cfg.stage_settings(cls, params) == section
+    assert isinstance(
+        cfg.stage_settings(cfg.ExtractSettings, dataclasses.asdict(c.extract)).sglang, cfg.SglangSettings
+    )
+    with pytest.raises(cfg.ConfigError, match="nproc must be >= 1"):
+        cfg.stage_settings(cfg.TrainSettings, dataclasses.asdict(c.train) | {"nproc": 0})

@@ -105,8 +105,6 @@ def settings(**overrides) -> TrainSettings:
         device="cpu",
         dtype="float32",
         checkpoint_every=2,
-        draft_vocab_size=64,
-        threads=1,
         progress=False,
         select_by_tau=False,
     )
@@ -127,6 +125,7 @@ def inputs(data, out: Path, heldout: bool = False) -> dict:
         heldout={"token_shards": data["shards"][1:], "hidden_stores": data["stores"][1:]}
         if heldout
         else None,
+        threads=1,
     )
 
 

@@ -33,7 +33,7 @@ from eyas.train import distributed as ddp
 log = logging.getLogger("eyas.train")
 
 # Settings that do not change the maths: a checkpoint made under other values still resumes.
-NOT_FINGERPRINTED = ("progress", "threads", "checkpoint_every", "device")
+NOT_FINGERPRINTED = ("progress", "checkpoint_every", "device")
 
 
 def checkpoint_dir(out_dir: str | os.PathLike) -> Path:

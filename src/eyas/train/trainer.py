@@ -80,7 +80,7 @@ def resolve_amp(dtype: str, device: torch.device) -> torch.dtype | None:
 
 
 # --------------------------------------------------------------------------- setup
-def _check_inputs(loader: PairedLoader, hidden_stores: list[str], vocab_meta: dict, settings) -> dict:
+def _check_inputs(loader: PairedLoader, hidden_stores: list[str], vocab_meta: dict) -> dict:
     """Stores must agree with each other and with the draft vocab; returns the first store's attrs."""
     first = loader.store_attrs[0]
     for attrs, path in zip(loader.store_attrs[1:], hidden_stores[1:], strict=True):
@@ -93,11 +93,6 @@ def _check_inputs(loader: PairedLoader, hidden_stores: list[str], vocab_meta: di
         raise ProvenanceError(
             f"draft vocab: field 'tokenizer_hash' is {vocab_meta['tokenizer_hash']!r}, "
             f"the hidden stores have {first.get('tokenizer_hash')!r}"
-        )
-    if vocab_meta["draft_vocab_size"] != settings.draft_vocab_size:
-        raise ValueError(
-            f"draft vocab has {vocab_meta['draft_vocab_size']} entries, train.draft_vocab_size is "
-            f"{settings.draft_vocab_size}"
         )
     return first
 
@@ -147,7 +142,7 @@ def loader_readers(device: torch.device, threads: int | None) -> int:
 
 
 def _setup(
-    settings, token_shards, hidden_stores, vocab_path, model_dir, expected_provenance, device, amp
+    settings, token_shards, hidden_stores, vocab_path, model_dir, expected_provenance, device, amp, threads
 ) -> tuple[PairedLoader, Eagle3Drafter, Teacher, dict]:
     """The loader, the drafter (on `device`, in train mode), the teacher head, the stores' attrs."""
     loader = PairedLoader(
@@ -157,10 +152,10 @@ def _setup(
         settings.seed,
         expected_provenance,
         pin_memory=device.type == "cuda",
-        readers=loader_readers(device, settings.threads),
+        readers=loader_readers(device, threads),
     )
     d2t, t2d, vocab_meta = load_draft_vocab(vocab_path)
-    attrs = _check_inputs(loader, hidden_stores, vocab_meta, settings)
+    attrs = _check_inputs(loader, hidden_stores, vocab_meta)
     model, head = _build_model(model_dir, attrs, d2t, t2d, settings.seed, settings.init_head_from_target)
     model.to(device).train()
     teacher = Teacher(head, d2t, t2d, device, amp or torch.float32)
@@ -213,22 +208,32 @@ def train(
     expected_provenance: dict,
     heldout: dict | None = None,
     manifests: list[str] | None = None,
+    threads: int | None = None,
 ) -> dict:
     """Train a drafter; write it to `out_dir`, the CSV log to `log_path` and per-epoch metrics to
     `epochs.csv` beside it. heldout: {"token_shards", "hidden_stores"} for checkpoint choice by
     simulated tau (required when settings.select_by_tau). `manifests` (the validate rule's, one per
-    store): each store must have a passing, current one. Returns run statistics (on every rank)."""
+    store): each store must have a passing, current one. `threads`: CPU threads of this process
+    (the rule's share per process). Returns run statistics (on every rank)."""
     if manifests is not None:
         check_manifests(hidden_stores, manifests)
     if settings.select_by_tau and not heldout:
         raise ValueError("train.select_by_tau needs held-out stores (heldout=...)")
     world = ddp.current_world()
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
+    if threads:
+        torch.set_num_threads(threads)
     device = resolve_device(settings.device, world)
     amp = resolve_amp(settings.dtype, device)
     loader, model, teacher, attrs = _setup(
-        settings, token_shards, hidden_stores, vocab_path, model_dir, expected_provenance, device, amp
+        settings,
+        token_shards,
+        hidden_stores,
+        vocab_path,
+        model_dir,
+        expected_provenance,
+        device,
+        amp,
+        threads,
     )
     total = total_steps(settings, loader, world.size)
     extra, fp = provenance(settings, loader, attrs, vocab_path, world)
