@@ -106,7 +106,8 @@ def run_prefill(model, shard, batches, device) -> float:
 
 def run_specforge(model, shard, plan, device, layer_ids, out: Path) -> float:
     """SpecForge's offline dump: per sample `data_{i}.ckpt` under `rows_{a}-{b}/`, rows padded to the
-    batch's longest, int64 ids and mask, blocking `.cpu()` per batch. CRC32 off (FACTS §2)."""
+    batch's longest, int64 ids and mask, blocking `.cpu()` per batch. CRC32 off (it holds
+    torch.save to 0.3-0.6 GB/s)."""
     serialization = getattr(torch.utils, "serialization", None)
     if serialization is not None:  # torch >= 2.6
         serialization.config.save.compute_crc32 = False

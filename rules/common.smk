@@ -11,7 +11,7 @@ EYAS = load_config(config)
 SPLITS = ("train", "eval")
 
 # Snakemake reruns a `script:` rule when the script changes, not when the package code it calls
-# changes (FACTS §6): bump a stage's version here when its logic or output format changes.
+# changes (it tracks the script file, not its imports): bump a stage's version here when its logic or output format changes.
 STAGE_VERSION = {
     "assets": 1,
     "prepare": 1,

@@ -1,6 +1,7 @@
 """Export a trained drafter as the directory SGLang serves with `LlamaForCausalLMEagle3`.
 
-SGLang skips unknown weight names silently (FACTS §4), so a misnamed tensor would serve a drafter
+SGLang skips unknown weight names silently (`LlamaForCausalLMEagle3.load_weights`, sglang 0.5.23),
+so a misnamed tensor would serve a drafter
 with random weights: the exact key set, shapes and dtypes are validated against the config here.
 """
 
