@@ -7,7 +7,7 @@ from eyas.gpus import claim_gpus
 from eyas.logs import setup_stage_logging
 from eyas.provenance import model_hash
 from eyas.store import read_token_shard, shard_paths
-from eyas.train.cli import train_job
+from eyas.train.job import train_job
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "train")

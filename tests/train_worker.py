@@ -1,13 +1,13 @@
 """Subprocess entry for crash tests: `python tests/train_worker.py SPEC [STALL_AT_STEP]`.
 
-Runs `eyas.train.cli` on SPEC; with STALL_AT_STEP the trainer blocks after that optimizer step (its
+Runs `eyas.train.job` on SPEC; with STALL_AT_STEP the trainer blocks after that optimizer step (its
 log row written) so the test can SIGKILL it at a known point, like a node lost mid-run.
 """
 
 import sys
 import time
 
-from eyas.train import cli
+from eyas.train import job
 from eyas.train.csvlog import TrainLog
 
 if len(sys.argv) > 2:
@@ -21,4 +21,4 @@ if len(sys.argv) > 2:
                 time.sleep(1)
 
     TrainLog.append = stall
-cli.main(sys.argv[1:2])
+job.main(sys.argv[1:2])

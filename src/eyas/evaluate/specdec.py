@@ -168,7 +168,7 @@ def _check_lengths(target, prompt_ids: list[int], max_new_tokens: int, margin: i
 
 # --------------------------------------------------------------------------- decoding
 @torch.inference_mode()
-def greedy_generate(
+def plain_generate(
     target,
     prompt_ids: list[int],
     max_new_tokens: int,
@@ -236,7 +236,7 @@ def speculative_generate(
 ) -> tuple[list[int], SpecStats]:
     """Speculative decoding (chain of `num_draft_tokens` drafts per verify pass).
 
-    At temperature 0 verification is greedy and the output equals `greedy_generate`'s token for token
+    At temperature 0 verification is greedy and the output equals `plain_generate`'s token for token
     (up to floating-point differences between the target's one-token and multi-token forwards). At
     temperature > 0 drafts are sampled from the drafter and verified by rejection sampling
     (`eyas.evaluate.sampling`): each token is distributed as plain sampling from the target, drawing
@@ -376,8 +376,8 @@ def evaluate_specdec(
 
     def plain(prompt, n):
         if temperature == 0:  # the exact reference
-            return greedy_generate(target, prompt, n, eos_token_ids)
-        return greedy_generate(target, prompt, n, eos_token_ids, **sampling)
+            return plain_generate(target, prompt, n, eos_token_ids)
+        return plain_generate(target, prompt, n, eos_token_ids, **sampling)
 
     if prompts:  # warm-up: first-call allocations and lazy init must not land in the timings
         warm = min(4, max_new_tokens)

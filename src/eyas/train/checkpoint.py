@@ -28,7 +28,7 @@ from torch import nn
 
 from eyas.atomic import atomic_dir
 from eyas.model.drafter import Eagle3Drafter
-from eyas.train import distributed as ddp
+from eyas.train import distributed
 
 log = logging.getLogger("eyas.train")
 
@@ -162,7 +162,7 @@ class Checkpointer:
     Only checkpoints with this run's `fingerprint` are resumed. Saving is collective (every rank
     calls it); files are written by rank 0."""
 
-    def __init__(self, out_dir: str | os.PathLike, fp: str, extra_config: dict, world: ddp.World):
+    def __init__(self, out_dir: str | os.PathLike, fp: str, extra_config: dict, world: distributed.World):
         self.out_dir = Path(out_dir)
         self.dir = checkpoint_dir(out_dir)
         self.best_dir = self.out_dir.with_name(self.out_dir.name + "-best")
@@ -209,7 +209,7 @@ class Checkpointer:
             "optimizer": spread.optimizer_state(optimizer),
             "scheduler": scheduler.state_dict(),
             "rng": rng_state(),
-            "seen": ddp.all_reduce_sum(run.seen.clone(), self.world),
+            "seen": distributed.all_reduce_sum(run.seen.clone(), self.world),
             "log_rows": run.log_rows,
             "epochs": run.epochs,
             "best": run.best,
@@ -217,7 +217,7 @@ class Checkpointer:
         whole = spread.full_drafter()
         if self.world.main:
             save_checkpoint(self.dir, whole, self.extra_config, state)
-        ddp.barrier(self.world)
+        distributed.barrier(self.world)
         return whole
 
     def keep_if_best(self, run: RunState, record: dict, whole: Eagle3Drafter) -> None:

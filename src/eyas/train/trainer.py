@@ -25,7 +25,7 @@ from eyas.model.drafter import DrafterConfig, Eagle3Drafter
 from eyas.provenance import DRAFTER_PROVENANCE, sha256_file
 from eyas.store import STORE_IDENTITY, ProvenanceError, check_provenance
 from eyas.target import load_embed_and_head, load_target_tensor, read_config
-from eyas.train import distributed as ddp
+from eyas.train import distributed
 from eyas.train.checkpoint import Checkpointer, RunState, fingerprint
 from eyas.train.csvlog import TrainLog
 from eyas.train.loader import PairedLoader
@@ -56,7 +56,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def resolve_device(name: str, world: ddp.World | None = None) -> torch.device:
+def training_device(name: str, world: distributed.World | None = None) -> torch.device:
+    """The device this process trains on: `name` resolved (`target.resolve_device`); on CUDA, under
+    torchrun, the rank's own GPU."""
     device = torch.device(target.resolve_device(name))
     if device.type == "cuda" and world is not None and world.active:
         return torch.device("cuda", world.local_rank)
@@ -165,7 +167,8 @@ def _setup(
 def total_steps(settings, loader: PairedLoader, world_size: int) -> int:
     """Optimizer steps of the run: every epoch's step groups, capped by max_steps."""
     per_epoch = [
-        len(ddp.step_groups(loader.plan(e), world_size, settings.grad_accum)) for e in range(settings.epochs)
+        len(distributed.step_groups(loader.plan(e), world_size, settings.grad_accum))
+        for e in range(settings.epochs)
     ]
     return sum(per_epoch) if settings.max_steps is None else min(settings.max_steps, sum(per_epoch))
 
@@ -219,10 +222,10 @@ def train(
         check_manifests(hidden_stores, manifests)
     if settings.select_by_tau and not heldout:
         raise ValueError("train.select_by_tau needs held-out stores (heldout=...)")
-    world = ddp.current_world()
+    world = distributed.current_world()
     if threads:
         torch.set_num_threads(threads)
-    device = resolve_device(settings.device, world)
+    device = training_device(settings.device, world)
     amp = resolve_amp(settings.dtype, device)
     loader, model, teacher, attrs = _setup(
         settings,
@@ -260,8 +263,8 @@ def train(
     metrics: dict = {"acc": [], "loss": None}
     try:
         while run.step < total and run.epoch < settings.epochs:
-            groups = ddp.step_groups(loader.plan(run.epoch), world.size, settings.grad_accum)
-            mine = [ddp.rank_share(g, world.rank, settings.grad_accum) for g in groups]
+            groups = distributed.step_groups(loader.plan(run.epoch), world.size, settings.grad_accum)
+            mine = [distributed.rank_share(g, world.rank, settings.grad_accum) for g in groups]
             batches = loader.batches([mb for share in mine[run.group_in_epoch :] for mb in share])
             stopped = False
             for g in range(run.group_in_epoch, len(groups)):
@@ -288,13 +291,13 @@ def train(
         checkpointer.write_output(whole, stats, best=bool(run.best))
         train_log.finish(run.log_rows, run.epochs)
         checkpointer.remove()
-    ddp.barrier(world)
+    distributed.barrier(world)
     return stats
 
 
 def padded_slots(loader: PairedLoader, epoch: int, world_size: int, settings) -> int:
     """Empty micro-batch slots of an epoch (its batches do not fill every rank's last step group)."""
-    return ddp.padded_slots(len(loader.plan(epoch)), world_size, settings.grad_accum)
+    return distributed.padded_slots(len(loader.plan(epoch)), world_size, settings.grad_accum)
 
 
 class OptimizerStep:

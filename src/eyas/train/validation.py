@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from eyas.train import distributed as ddp
+from eyas.train import distributed
 from eyas.train.checkpoint import Checkpointer, RunState
 from eyas.train.heldout import evaluate_offline
 
@@ -48,7 +48,7 @@ class EpochEnd:
         """`complete`: epoch `run.epoch` ran to its end (not cut by max_steps), so every sample must
         have been seen exactly once over all ranks. `padded`: its empty micro-batch slots."""
         world = self.spread.world
-        counts = ddp.all_reduce_sum(run.seen.clone(), world)
+        counts = distributed.all_reduce_sum(run.seen.clone(), world)
         record = {
             "epoch": run.epoch,
             "step": run.step,
@@ -70,6 +70,6 @@ class EpochEnd:
                 record["accuracy"] = metrics["accuracy"]
                 self.checkpointer.keep_if_best(run, record, whole)
                 log.info("epoch %d: held-out simulated tau %.4f", run.epoch, record["simulated_tau"])
-            ddp.barrier(world)
+            distributed.barrier(world)
         run.epochs.append(record)
         run.seen = torch.zeros_like(run.seen)
