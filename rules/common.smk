@@ -5,7 +5,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from eyas.config import ASSET_NAME_PATTERN, DEFAULT_MODEL_SOURCE, LLAMAFACTORY_PREFIX, load_config  # noqa: E402
+from eyas.config import (
+    ASSET_NAME_PATTERN,
+    DEFAULT_MODEL_SOURCE,
+    LLAMAFACTORY_PREFIX,
+    load_config,
+)  # noqa: E402
 
 EYAS = load_config(config)
 SPLITS = ("train", "eval")
@@ -96,7 +101,10 @@ def conversations_of(wildcards):
     return f"results/{stage}/{wildcards.split}.jsonl"
 
 
-EVAL_SET_FILES = {"heldout": "results/prepared/eval.jsonl", "humaneval": "results/assets/eval/humaneval.jsonl"}
+EVAL_SET_FILES = {
+    "heldout": "results/prepared/eval.jsonl",
+    "humaneval": "results/assets/eval/humaneval.jsonl",
+}
 
 
 def eval_set_path(wildcards):
@@ -111,7 +119,11 @@ def specdec_jsons():
 
 def benchmark_files():
     """The `benchmark:` files of the stages, for the throughput table."""
-    files = ["results/benchmarks/prepare.tsv", "results/benchmarks/train.tsv", "results/benchmarks/evaluate.tsv"]
+    files = [
+        "results/benchmarks/prepare.tsv",
+        "results/benchmarks/train.tsv",
+        "results/benchmarks/evaluate.tsv",
+    ]
     if EYAS.model.source == DEFAULT_MODEL_SOURCE:
         files.append("results/benchmarks/fetch_model.tsv")
     for split in SPLITS:

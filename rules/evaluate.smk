@@ -57,12 +57,8 @@ rule evaluate:
         stores=hidden_stores("eval"),
         model=model_dir(),
     output:
-        summary=report(
-            "results/eval/summary.json", caption="../report/summary.rst", category="Evaluation"
-        ),
-        plot=report(
-            "results/eval/acceptance.png", caption="../report/acceptance.rst", category="Evaluation"
-        ),
+        summary=report("results/eval/summary.json", caption="../report/summary.rst", category="Evaluation"),
+        plot=report("results/eval/acceptance.png", caption="../report/acceptance.rst", category="Evaluation"),
     log:
         "results/logs/evaluate.log",
     benchmark:
