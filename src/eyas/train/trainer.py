@@ -143,11 +143,9 @@ def loader_readers(device: torch.device, threads: int | None) -> int:
     return max(1, min(4, (threads or os.cpu_count() or 2) // 2))
 
 
-def _setup(
-    settings, token_shards, hidden_stores, vocab_path, model_dir, expected_provenance, device, amp, threads
-) -> tuple[PairedLoader, Eagle3Drafter, Teacher, dict]:
-    """The loader, the drafter (on `device`, in train mode), the teacher head, the stores' attrs."""
-    loader = PairedLoader(
+def make_loader(settings, token_shards, hidden_stores, expected_provenance, device, threads) -> PairedLoader:
+    """The streaming loader over the (token shard, hidden store) pairs, its readers sized to the device."""
+    return PairedLoader(
         token_shards,
         hidden_stores,
         settings.token_budget,
@@ -156,12 +154,18 @@ def _setup(
         pin_memory=device.type == "cuda",
         readers=loader_readers(device, threads),
     )
+
+
+def build_drafter(
+    settings, loader: PairedLoader, hidden_stores, vocab_path, model_dir, device, amp
+) -> tuple[Eagle3Drafter, Teacher, dict]:
+    """The drafter (on `device`, in train mode), the teacher head, and the stores' attrs."""
     d2t, t2d, vocab_meta = load_draft_vocab(vocab_path)
     attrs = _check_inputs(loader, hidden_stores, vocab_meta)
     model, head = _build_model(model_dir, attrs, d2t, t2d, settings.seed, settings.init_head_from_target)
     model.to(device).train()
     teacher = Teacher(head, d2t, t2d, device, amp or torch.float32)
-    return loader, model, teacher, attrs
+    return model, teacher, attrs
 
 
 def total_steps(settings, loader: PairedLoader, world_size: int) -> int:
@@ -227,17 +231,8 @@ def train(
         torch.set_num_threads(threads)
     device = training_device(settings.device, world)
     amp = resolve_amp(settings.dtype, device)
-    loader, model, teacher, attrs = _setup(
-        settings,
-        token_shards,
-        hidden_stores,
-        vocab_path,
-        model_dir,
-        expected_provenance,
-        device,
-        amp,
-        threads,
-    )
+    loader = make_loader(settings, token_shards, hidden_stores, expected_provenance, device, threads)
+    model, teacher, attrs = build_drafter(settings, loader, hidden_stores, vocab_path, model_dir, device, amp)
     total = total_steps(settings, loader, world.size)
     extra, fp = provenance(settings, loader, attrs, vocab_path, world)
 
