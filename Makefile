@@ -22,8 +22,9 @@ test: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q -ra
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check src tests scripts bench
-	$(VENV)/bin/ruff format --check src tests scripts bench
+	$(VENV)/bin/ruff check src tests scripts bench tools
+	$(VENV)/bin/ruff format --check src tests scripts bench tools
+	$(VENV)/bin/snakefmt --check Snakefile rules
 	$(VENV)/bin/snakemake --lint
 
 # tests/sglang/ in a second venv with a real sglang 0.5.23 importable on CPU (~6 GB, ~3 min the first time).

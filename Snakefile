@@ -24,9 +24,9 @@ include: "rules/evaluate.smk"
 
 
 rule all:
+    default_target: True
     input:
         get_final_output(),
-    default_target: True
 
 
 onsuccess:

@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from eyas.dryrun import planned_jobs
+sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+from dryrun import planned_jobs  # noqa: E402
 
 REPO = Path(__file__).parents[1]
 

@@ -4,7 +4,7 @@ side, the measurement behind the `specdec` rule's one-job-per-set threads:
     .venv/bin/python bench/decode_parallel.py --model results/assets/model
 
 Each process loads the fp32 target, decodes 8 tokens to warm up, then times 48 tokens after an
-80-token prompt (`eyas.evaluate.specdec.greedy_generate`). Prints tok/s per process.
+80-token prompt (`eyas.evaluate.specdec.plain_generate`). Prints tok/s per process.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ def one(model: str, threads: int) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from eyas.evaluate.specdec import greedy_generate
+    from eyas.evaluate.specdec import plain_generate
 
     torch.set_num_threads(threads)
     target = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     prompt = list(range(100, 180))
-    greedy_generate(target, prompt, 8, set())
+    plain_generate(target, prompt, 8, set())
     start = time.perf_counter()
-    greedy_generate(target, prompt, 48, set())
+    plain_generate(target, prompt, 48, set())
     return 48 / (time.perf_counter() - start)
 
 

@@ -30,15 +30,11 @@ import torch
 
 from eyas.capture import TapCapture, base_decoder
 from eyas.extract import hf_backend
-from eyas.extract.hf_backend import (
-    batch_input_ids,
-    extraction_stats,
-    peak_rss_bytes,
-    plan_shard,
-    run_extraction,
-)
+from eyas.extract.hf_backend import batch_input_ids, extraction_stats, plan_shard, run_extraction
+from eyas.extract.job import peak_rss_bytes
+from eyas.layer_ids import default_aux_layer_ids
 from eyas.store import HiddenStore, TokenShard, read_token_shard
-from eyas.target import default_aux_layer_ids, load_target
+from eyas.target import load_target
 
 SHAPES = {  # Llama-3.2-1B and Llama-3.1-8B shapes
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
@@ -110,7 +106,8 @@ def run_prefill(model, shard, batches, device) -> float:
 
 def run_specforge(model, shard, plan, device, layer_ids, out: Path) -> float:
     """SpecForge's offline dump: per sample `data_{i}.ckpt` under `rows_{a}-{b}/`, rows padded to the
-    batch's longest, int64 ids and mask, blocking `.cpu()` per batch. CRC32 off (FACTS §2)."""
+    batch's longest, int64 ids and mask, blocking `.cpu()` per batch. CRC32 off (it holds
+    torch.save to 0.3-0.6 GB/s)."""
     serialization = getattr(torch.utils, "serialization", None)
     if serialization is not None:  # torch >= 2.6
         serialization.config.save.compute_crc32 = False

@@ -15,7 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from eyas.evaluate.render import find_chromium, screenshot
+sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+from render import find_chromium, screenshot  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT_ITEMS = ("summary.json", "acceptance.png", "tau.png", "tau_table.tsv", "loss.png", "throughput.png")

@@ -46,9 +46,10 @@ def _record(work: Path, step: str, info: dict) -> None:
 
 
 def _layer_ids(model: str) -> list[int]:
-    from eyas.target import default_aux_layer_ids, read_config
+    from eyas.layer_ids import resolve_aux_layer_ids
+    from eyas.target import read_config
 
-    return default_aux_layer_ids(read_config(model)["num_hidden_layers"])
+    return resolve_aux_layer_ids(read_config(model), None)
 
 
 def step_hf(args) -> None:
@@ -157,8 +158,8 @@ def step_speed(args) -> None:
     import sglang
     from sglang.srt.entrypoints.engine import Engine
 
-    from eyas.extract.layer_conventions import sglang_layer_ids, text_model_type
     from eyas.extract.sglang_backend import capture_route, engine_args, extract_shard_sglang
+    from eyas.layer_ids import sglang_layer_ids, text_model_type
     from eyas.store import read_token_shard
     from eyas.target import read_config
 

@@ -5,8 +5,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from eyas.config import ASSET_NAME_PATTERN, DEFAULT_MODEL_SOURCE, LLAMAFACTORY_PREFIX, load_config  # noqa: E402
-from eyas.config import check_local_paths, local_paths  # noqa: E402
+from eyas.config import (  # noqa: E402
+    ASSET_NAME_PATTERN,
+    DEFAULT_MODEL_SOURCE,
+    LLAMAFACTORY_PREFIX,
+    check_local_paths,
+    load_config,
+    local_paths,
+)
 from eyas.model_dir import check_model_dir  # noqa: E402
 
 EYAS = load_config(config, command_line=workflow.config_settings.config)  # --config values come as strings
@@ -16,7 +22,7 @@ if EYAS.model.source != DEFAULT_MODEL_SOURCE:  # a local target dir (the default
 SPLITS = ("train", "eval")
 
 # Snakemake reruns a `script:` rule when the script changes, not when the package code it calls
-# changes (FACTS §6): bump a stage's version here when its logic or output format changes.
+# changes (it tracks the script file, not its imports): bump a stage's version here when its logic or output format changes.
 STAGE_VERSION = {
     "assets": 1,
     "prepare": 1,
@@ -108,13 +114,18 @@ def conversations_of(wildcards):
     return f"results/{stage}/{wildcards.split}.jsonl"
 
 
-EVAL_SET_FILES = {"heldout": "results/prepared/eval.jsonl", "humaneval": "results/assets/eval/humaneval.jsonl"}
+EVAL_SET_FILES = {
+    "heldout": "results/prepared/eval.jsonl",
+    "humaneval": "results/assets/eval/humaneval.jsonl",
+}
 
 
 def eval_set_files():
     """{set name: prompt file} in config order: the built-in sets' files and the configured prompt files."""
     return {
-        item if isinstance(item, str) else item.name: EVAL_SET_FILES[item] if isinstance(item, str) else item.path
+        item if isinstance(item, str) else item.name: (
+            EVAL_SET_FILES[item] if isinstance(item, str) else item.path
+        )
         for item in EYAS.evaluate.sets
     }
 
@@ -153,7 +164,11 @@ def served_json():
 
 def benchmark_files():
     """The `benchmark:` files of the stages, for the throughput table."""
-    files = ["results/benchmarks/prepare.tsv", "results/benchmarks/train.tsv", "results/benchmarks/evaluate.tsv"]
+    files = [
+        "results/benchmarks/prepare.tsv",
+        "results/benchmarks/train.tsv",
+        "results/benchmarks/evaluate.tsv",
+    ]
     if EYAS.model.source == DEFAULT_MODEL_SOURCE:
         files.append("results/benchmarks/fetch_model.tsv")
     for split in SPLITS:

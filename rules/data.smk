@@ -20,7 +20,7 @@ rule prepare:
         runtime=10,
     params:
         formats=data_formats(),
-        settings=vars(EYAS.data) | {"inputs": None},
+        settings=dataclasses.asdict(EYAS.data),
         version=STAGE_VERSION["prepare"],
     script:
         "../scripts/prepare.py"

@@ -72,8 +72,8 @@ rule served:
         mem_mb=16000,  # the job process: tokenizer, drafters for the exports; the engine lives on the GPUs
         runtime=120,
     params:
-        settings=EYAS.evaluate,
-        engine_settings=EYAS.extract.sglang,
+        settings=dataclasses.asdict(EYAS.evaluate),
+        engine_settings=dataclasses.asdict(EYAS.extract.sglang),
         set_names=EYAS.evaluate.set_names,
         set_formats=eval_set_formats(),
         baseline_names=[b.name for b in EYAS.evaluate.baselines],
@@ -93,12 +93,8 @@ rule evaluate:
         stores=hidden_stores("eval"),
         model=model_dir(),
     output:
-        summary=report(
-            "results/eval/summary.json", caption="../report/summary.rst", category="Evaluation"
-        ),
-        plot=report(
-            "results/eval/acceptance.png", caption="../report/acceptance.rst", category="Evaluation"
-        ),
+        summary=report("results/eval/summary.json", caption="../report/summary.rst", category="Evaluation"),
+        plot=report("results/eval/acceptance.png", caption="../report/acceptance.rst", category="Evaluation"),
     log:
         "results/logs/evaluate.log",
     benchmark:

@@ -20,8 +20,8 @@ rule regenerate:
         mem_mb=8000,  # the target + a batch's KV cache (batch_size x (prompt + max_new_tokens))
         runtime=240,
     params:
-        settings=EYAS.regenerate,
-        engine_settings=EYAS.extract.sglang,
+        settings=dataclasses.asdict(EYAS.regenerate),
+        engine_settings=dataclasses.asdict(EYAS.extract.sglang),
         max_length=EYAS.tokenize.max_length,
         trust_remote_code=EYAS.model.trust_remote_code,
         version=2,

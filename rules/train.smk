@@ -26,7 +26,7 @@ rule train:
         mem_mb=8000,  # drafter + optimizer (~0.2 GB at H=576) + target embedding/head + batches
         runtime=240,
     params:
-        settings=vars(EYAS.train),
+        settings=dataclasses.asdict(EYAS.train),
         model_id=EYAS.model_id,
         version=STAGE_VERSION["train"],
     script:

@@ -2,17 +2,17 @@
 JSONs (scripts/specdec.py) into summary.json and the acceptance plot."""
 
 import json
-from pathlib import Path
 
 from eyas.evaluate.stage import baseline_dirs, run_evaluation
 from eyas.logs import setup_stage_logging
+from eyas.store import shard_paths
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "evaluate")
 summary = run_evaluation(
     drafter_dir=sm.input.drafter,
     specdec_paths=dict(zip(sm.params.set_names, sm.input.specdec, strict=True)),
-    token_shards=sorted(str(p) for p in Path(sm.input.tokens).glob("shard-*.zarr")),
+    token_shards=shard_paths(sm.input.tokens),
     hidden_stores=list(sm.input.stores),
     model_dir=sm.input.model,
     out_summary=sm.output.summary,

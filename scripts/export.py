@@ -3,7 +3,7 @@
 import json
 
 from eyas.export import export_sglang
-from eyas.extract.layer_conventions import text_model_type
+from eyas.layer_ids import text_model_type
 from eyas.logs import setup_stage_logging
 from eyas.target import read_config
 

@@ -2,21 +2,22 @@
 
 import json
 
+from eyas.config import DataSettings, stage_settings
 from eyas.data.prepare import prepare
 from eyas.logs import setup_stage_logging
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "prepare")
-settings = sm.params.settings
+settings = stage_settings(DataSettings, sm.params.settings)
 stats = prepare(
     list(zip(sm.input.data, sm.params.formats, strict=True)),
     sm.output.train,
     sm.output.eval,
     sm.output.rejects,
     sm.output.stats,
-    eval_fraction=settings["eval_fraction"],
-    eval_max=settings["eval_max"],
-    seed=settings["seed"],
-    max_conversations=settings["max_conversations"],
+    eval_fraction=settings.eval_fraction,
+    eval_max=settings.eval_max,
+    seed=settings.seed,
+    max_conversations=settings.max_conversations,
 )
 log.info("prepare: %s", json.dumps(stats))

@@ -5,13 +5,16 @@ import json
 import torch
 
 from eyas.atomic import atomic_file
+from eyas.config import RegenerateSettings, SglangSettings, stage_settings
 from eyas.data.regenerate import HFGenerator, SglangGenerator, regenerate_split
+from eyas.gpus import claim_gpus
 from eyas.logs import setup_stage_logging
 from eyas.target import load_target, load_tokenizer, resolve_device
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "regenerate")
-settings = sm.params.settings  # RegenerateSettings
+claim_gpus(sm.resources.get("gpu", 0), log=log)  # devices of its own before CUDA starts
+settings = stage_settings(RegenerateSettings, sm.params.settings)
 trust = sm.params.trust_remote_code
 torch.set_num_threads(sm.threads)
 tokenizer = load_tokenizer(sm.input.model, trust_remote_code=trust)
@@ -25,7 +28,7 @@ run = dict(
 if settings.backend == "sglang":
     from eyas.sglang_engine import base_engine_args, generation_engine_args, start_engine, user_engine_args
 
-    engine_settings = sm.params.engine_settings  # extract.sglang
+    engine_settings = stage_settings(SglangSettings, sm.params.engine_settings)  # extract.sglang
     base = base_engine_args(engine_settings, sm.input.model, "bfloat16", trust)
     args = generation_engine_args(base | user_engine_args(engine_settings.engine_args, None), settings.seed)
     engine = start_engine(args, speculative=False)

@@ -1,10 +1,13 @@
 """Served evaluation: every set, drafter and k with the target in SGLang (evaluate.backend sglang)."""
 
+from eyas.config import EvaluateSettings, SglangSettings, stage_settings
 from eyas.evaluate.stage import baseline_dirs, run_served
+from eyas.gpus import claim_gpus
 from eyas.logs import setup_stage_logging
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "served")
+claim_gpus(sm.resources.get("gpu", 0), log=log)  # devices of its own before the engine starts
 result = run_served(
     set_paths=dict(zip(sm.params.set_names, sm.input.prompts, strict=True)),
     set_formats=sm.params.set_formats,
@@ -12,8 +15,8 @@ result = run_served(
     export_dir=sm.input.export,
     model_dir=sm.input.model,
     out_json=sm.output.json,
-    settings=sm.params.settings,
-    engine_settings=sm.params.engine_settings,
+    settings=stage_settings(EvaluateSettings, sm.params.settings),
+    engine_settings=stage_settings(SglangSettings, sm.params.engine_settings),
     baselines=baseline_dirs(sm.params.baseline_names, sm.input.baselines),
     trust_remote_code=sm.params.trust_remote_code,
 )

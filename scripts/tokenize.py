@@ -6,11 +6,12 @@ from pathlib import Path
 from eyas.atomic import atomic_dir
 from eyas.data.tokenize import tokenize_split
 from eyas.logs import setup_stage_logging
+from eyas.store import shard_name
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "tokenize")
 with atomic_dir(sm.output.shards) as tmp:
-    shards = [str(Path(tmp) / f"shard-{i:05d}.zarr") for i in range(sm.params.num_shards)]
+    shards = [str(Path(tmp) / shard_name(i)) for i in range(sm.params.num_shards)]
     stats = tokenize_split(
         sm.input.conversations,
         sm.input.model,

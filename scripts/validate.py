@@ -3,16 +3,18 @@
 import json
 from pathlib import Path
 
+from eyas.layer_ids import resolve_aux_layer_ids
 from eyas.logs import setup_stage_logging
 from eyas.provenance import model_hash
-from eyas.target import default_aux_layer_ids, read_config
+from eyas.store import shard_name
+from eyas.target import read_config
 from eyas.validate import validate_store, write_manifest
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "validate")
-layer_ids = sm.params.layer_ids or default_aux_layer_ids(read_config(sm.input.model)["num_hidden_layers"])
+layer_ids = resolve_aux_layer_ids(read_config(sm.input.model), sm.params.layer_ids)
 expected = {"model_id": sm.params.model_id, "model_hash": model_hash(sm.input.model), "layer_ids": layer_ids}
-shard = Path(sm.input.tokens) / f"shard-{sm.wildcards.shard}.zarr"
+shard = Path(sm.input.tokens) / shard_name(sm.wildcards.shard)
 manifest = validate_store(shard, sm.input.store, expected)
 write_manifest(sm.output.manifest, manifest)
 log.info(

@@ -1,17 +1,16 @@
 """Draft vocabulary from the masked-token frequencies of the train split."""
 
 import json
-from pathlib import Path
 
 from eyas.atomic import atomic_file
 from eyas.logs import setup_stage_logging
-from eyas.store import read_token_shard
+from eyas.store import read_token_shard, shard_paths
 from eyas.target import read_config
 from eyas.vocab import build_draft_vocab, save_draft_vocab
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "vocab")
-shards = sorted(str(p) for p in Path(sm.input.tokens).glob("shard-*.zarr"))
+shards = shard_paths(sm.input.tokens)
 vocab_size = read_config(sm.input.model)["vocab_size"]
 d2t, t2d, stats = build_draft_vocab(shards, vocab_size, sm.params.draft_vocab_size)
 tokenizer_hash = read_token_shard(shards[0]).attrs["tokenizer_hash"]

@@ -21,7 +21,6 @@ def test_default_config_loads():
     c = cfg.load_config_file(DEFAULT)
     assert c.model.source == cfg.DEFAULT_MODEL_SOURCE
     assert c.train.ttt_steps == 7 and c.train.step_weight == 0.8
-    assert c.train.draft_vocab_size == c.vocab.draft_vocab_size
     assert [i.format for i in c.data.inputs] == ["alpaca", "sharegpt"]
 
 
@@ -53,6 +52,16 @@ def test_default_config_loads():
         ({"evaluate": {"sets": ["dev"]}}, r"evaluate.sets\[0\]"),
         ({"regenerate": {"samples": 2}}, "regenerate.samples > 1 needs regenerate.temperature > 0"),
         ({"regenerate": {"turns": "first"}}, "regenerate.turns: 'first' is not one of"),
+        ({"extract": {"writer_threads": 0}}, "extract.writer_threads must be >= 1"),
+        (
+            {"extract": {"sglang": {"mem_fraction_static": 1.0}}},
+            r"extract.sglang.mem_fraction_static must be in \(0, 1\)",
+        ),
+        (
+            {"train": {"draft_vocab_size": 64}},
+            "unknown config key train.draft_vocab_size",
+        ),  # derived: vocab's
+        ({"train": {"threads": 2}}, "unknown config key train.threads"),  # the rule's threads
     ],
 )
 def test_bad_values_are_rejected_by_name(patch, message):
@@ -186,3 +195,22 @@ def test_evaluation_prompt_files_and_k_sweep_load():
     c = cfg.load_config(values)
     assert c.evaluate.set_names == ["heldout", "chats"] and c.evaluate.sets[1].format == "sharegpt"
     assert c.evaluate.num_draft_tokens == [3, 5] and c.evaluate.concurrency == 8
+
+
+def test_stage_settings_come_back_typed_from_rule_params():
+    """Rules pass a section as `dataclasses.asdict`: plain values, which Snakemake's params rerun
+    trigger compares (it skips dataclass objects); the script gets the checked dataclass back."""
+    import json
+
+    c = cfg.load_config_file(DEFAULT)
+    for cls, section in (
+        (cfg.TrainSettings, c.train),
+        (cfg.ExtractSettings, c.extract),
+        (cfg.DataSettings, c.data),
+    ):
+        params = json.loads(json.dumps(dataclasses.asdict(section)))  # nothing but plain values
+        assert cfg.stage_settings(cls, params) == section
+    extract = cfg.stage_settings(cfg.ExtractSettings, dataclasses.asdict(c.extract))
+    assert isinstance(extract.sglang, cfg.SglangSettings)
+    with pytest.raises(cfg.ConfigError, match="nproc must be >= 1"):
+        cfg.stage_settings(cfg.TrainSettings, dataclasses.asdict(c.train) | {"nproc": 0})

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from eyas.dryrun import planned_jobs
+from dryrun import planned_jobs
 
 pytestmark = pytest.mark.workflow
 

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from eyas.capture import validate_layer_ids
 from eyas.extract.batching import plan_batches
 from eyas.extract.hf_backend import extract_shard, resolve_dtype
-from eyas.provenance import FINAL_NORM, LAYER_ID_CONVENTION, chat_template_hash, sha256_array, tokenizer_hash
+from eyas.layer_ids import LAYER_ID_CONVENTION, hf_hidden_index, validate_layer_ids
+from eyas.provenance import FINAL_NORM, chat_template_hash, sha256_array, tokenizer_hash
 from eyas.store import HiddenStore, ProvenanceError, check_provenance, write_token_shard
-from eyas.target import hf_hidden_index
 from eyas.validate import validate_store
 
 LAYER_IDS = [1, 0, 2]  # not sorted: the store must follow this order, not layer order

@@ -8,7 +8,7 @@ import json
 import torch
 
 from eyas.data.regenerate import HFGenerator, generate_batch, regenerate_split
-from eyas.evaluate.specdec import greedy_generate
+from eyas.evaluate.specdec import plain_generate
 from eyas.target import load_target
 
 
@@ -29,7 +29,7 @@ def test_batched_generation_equals_greedy(tiny_model_dir, tokenizer):
     got = generate_batch(model, tokenizer, prompts, max_new_tokens=6, temperature=0.0)
     eos = tokenizer.eos_token_id
     for prompt, tokens in zip(prompts, got, strict=True):
-        want = greedy_generate(model, prompt, 6, {eos})
+        want = plain_generate(model, prompt, 6, {eos})
         assert tokens == [t for t in want if t != eos], prompt
 
 

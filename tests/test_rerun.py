@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 import zarr
-
-from eyas.dryrun import planned_jobs
+from dryrun import planned_jobs
 
 pytestmark = pytest.mark.workflow
 

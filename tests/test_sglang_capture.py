@@ -10,12 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from eyas.extract.layer_conventions import (
-    sglang_captured_inputs,
-    sglang_layer_ids,
-    tap_ids_from_sglang,
-    text_model_type,
-)
 from eyas.extract.sglang_backend import (
     CaptureSpec,
     PrefixReuseError,
@@ -24,6 +18,15 @@ from eyas.extract.sglang_backend import (
     capture_route,
     engine_args,
     request_rid,
+)
+from eyas.layer_ids import (
+    resolve_aux_layer_ids,
+    sglang_captured_inputs,
+    sglang_layer_ids,
+    tap_ids_from_sglang,
+    tap_ids_from_vllm,
+    text_model_type,
+    vllm_layer_ids,
 )
 from eyas.quant import fp8_dequantize, fp8_quantize
 from eyas.store import HiddenStore, write_token_shard
@@ -57,6 +60,22 @@ def test_multimodal_wrapper_uses_its_language_model_type():
     kimi = {"model_type": "kimi_k25", "text_config": {"model_type": "deepseek_v3"}}
     assert text_model_type(kimi) == "deepseek_v3"
     assert text_model_type({"model_type": "llama"}) == "llama"
+
+
+def test_default_taps_come_from_the_language_model_of_a_wrapper():
+    text = {"model_type": "deepseek_v3", "num_hidden_layers": 61}
+    assert resolve_aux_layer_ids({"model_type": "kimi_k25", "text_config": text}, None) == [1, 29, 57]
+    assert resolve_aux_layer_ids(text, None) == [1, 29, 57]
+    assert resolve_aux_layer_ids(text, [2, 30, 58]) == [2, 30, 58]
+    with pytest.raises(ValueError, match="outside"):
+        resolve_aux_layer_ids({"text_config": text}, [1, 61])
+    with pytest.raises(KeyError):
+        resolve_aux_layer_ids({"model_type": "kimi_k25"}, None)  # no layer count anywhere
+
+
+def test_vllm_ids_are_hidden_states_indices():
+    assert vllm_layer_ids([1, 29, 57]) == [2, 30, 58]  # the same for every family
+    assert tap_ids_from_vllm(vllm_layer_ids([0, 5, 9])) == [0, 5, 9]
 
 
 # --------------------------------------------------------------------------- versions, args, slicing

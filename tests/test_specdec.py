@@ -15,7 +15,7 @@ from eyas.evaluate.specdec import (
     clip_at_stop,
     evaluate_specdec,
     first_mismatch,
-    greedy_generate,
+    plain_generate,
     speculative_generate,
 )
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
@@ -102,7 +102,7 @@ class OracleDrafter(nn.Module):
 
 
 def reference_of(model, prompt: list[int], length: int) -> list[int]:
-    return prompt + greedy_generate(model, prompt, length, set())
+    return prompt + plain_generate(model, prompt, length, set())
 
 
 def scrambled(seed: int, k: int):
@@ -140,7 +140,7 @@ def test_tap_capture_is_hf_hidden_states_plus_one(target):
 def test_random_drafter_matches_greedy(tiny_model_dir, target):
     drafter = random_drafter(tiny_model_dir)
     prompt = [1, 42, 977, 3051, 12]
-    want = greedy_generate(target, prompt, 16, set())
+    want = plain_generate(target, prompt, 16, set())
     got, stats = speculative_generate(target, drafter, prompt, 16, 4, set(), AUX)
     assert got == want and len(got) == 16
     assert stats.generated == 16 and stats.tau is not None and stats.tau >= 1.0
@@ -187,7 +187,7 @@ def test_max_new_tokens_is_never_exceeded(chaotic_target, tiny_model_dir):
     reference = reference_of(chaotic_target, prompt, 20)
     drafter = random_drafter(tiny_model_dir)
     assert speculative_generate(chaotic_target, drafter, prompt, 0, k, set(), AUX)[0] == []
-    assert greedy_generate(chaotic_target, prompt, 0, set()) == []
+    assert plain_generate(chaotic_target, prompt, 0, set()) == []
     one, stats = speculative_generate(chaotic_target, drafter, prompt, 1, k, set(), AUX)
     assert one == reference[3:4] and stats.verify_passes == 0 and stats.tau is None
     for max_new in range(2, 12):
@@ -200,11 +200,11 @@ def test_max_new_tokens_is_never_exceeded(chaotic_target, tiny_model_dir):
 
 def test_eos_stops_both_decoders(chaotic_target, tiny_model_dir):
     prompt = [11, 222, 3333]
-    greedy = greedy_generate(chaotic_target, prompt, 20, set())
+    greedy = plain_generate(chaotic_target, prompt, 20, set())
     stop_at = 6
     eos = {greedy[stop_at]}
     cut = greedy[: greedy.index(greedy[stop_at]) + 1]  # through the first occurrence of that token
-    assert greedy_generate(chaotic_target, prompt, 20, eos) == cut
+    assert plain_generate(chaotic_target, prompt, 20, eos) == cut
     reference = prompt + greedy
     for drafter in (OracleDrafter(reference, correct=lambda base: 5), random_drafter(tiny_model_dir)):
         got, stats = speculative_generate(chaotic_target, drafter, prompt, 20, 5, eos, AUX)
@@ -250,13 +250,13 @@ def test_evaluate_specdec_reports(tiny_model_dir, monkeypatch):
     assert len(report["acceptance_by_position"]) == 3 and len(report["per_prompt"]) == 2
     assert report["verify_passes"] == sum(r["verify_passes"] for r in report["per_prompt"])
 
-    real_greedy = specdec.greedy_generate
+    real_greedy = specdec.plain_generate
 
     def off_by_one(target, prompt, max_new_tokens, eos):
         out = real_greedy(target, prompt, max_new_tokens, eos)
         return out[:2] + [(out[2] + 1) % VOCAB] + out[3:] if len(out) > 2 else out
 
-    monkeypatch.setattr(specdec, "greedy_generate", off_by_one)
+    monkeypatch.setattr(specdec, "plain_generate", off_by_one)
     report = evaluate_specdec(tiny_model_dir, drafter, prompts, **kwargs)
     mismatch = report["greedy_equal"]
     assert mismatch["mismatch_count"] == 2 and mismatch["mismatches"][0] == {"prompt": 0, "first_mismatch": 2}
@@ -266,10 +266,8 @@ def test_evaluate_specdec_reports(tiny_model_dir, monkeypatch):
 def test_greedy_cache_decodes_each_prompt_once_and_still_checks(tiny_model_dir, monkeypatch):
     prompts = [[1, 42, 977], [5, 6, 7, 8, 9]]
     kwargs = dict(max_new_tokens=8, num_draft_tokens=3, eos_token_ids={2}, aux_layer_ids=AUX)
-    real_greedy, calls = specdec.greedy_generate, []
-    monkeypatch.setattr(
-        specdec, "greedy_generate", lambda *a, **k: calls.append(a[1]) or real_greedy(*a, **k)
-    )
+    real_greedy, calls = specdec.plain_generate, []
+    monkeypatch.setattr(specdec, "plain_generate", lambda *a, **k: calls.append(a[1]) or real_greedy(*a, **k))
     cache: dict = {}
     first = evaluate_specdec(
         tiny_model_dir, random_drafter(tiny_model_dir), prompts, **kwargs, greedy_cache=cache
@@ -287,3 +285,23 @@ def test_greedy_cache_decodes_each_prompt_once_and_still_checks(tiny_model_dir, 
     cache[1] = ([(cache[1][0][0] + 1) % VOCAB, *cache[1][0][1:]], cache[1][1])
     third = evaluate_specdec(tiny_model_dir, other, prompts, **kwargs, greedy_cache=cache)
     assert third["greedy_equal"]["mismatches"] == [{"prompt": 1, "first_mismatch": 0}]
+
+
+def test_a_loaded_target_is_used_as_is(tiny_model_dir, monkeypatch):
+    """A set's drafters share one loaded target (evaluate/stage.py): passing it gives the report a
+    fresh load gives, and nothing is loaded again."""
+    from eyas.target import load_target
+
+    prompts = [[1, 42, 977], [5, 6, 7, 8, 9]]
+    kwargs = dict(max_new_tokens=8, num_draft_tokens=3, eos_token_ids={2}, aux_layer_ids=AUX)
+    drafter = random_drafter(tiny_model_dir)
+    fresh = evaluate_specdec(tiny_model_dir, drafter, prompts, **kwargs)
+    target = load_target(tiny_model_dir)
+    monkeypatch.setattr(specdec, "load_target", lambda *a, **k: pytest.fail("target loaded again"))
+    shared = evaluate_specdec(tiny_model_dir, drafter, prompts, **kwargs, target=target)
+    timing = ("wall_seconds", "greedy_seconds", "tokens_per_s")
+    for a, b in zip(fresh["per_prompt"], shared["per_prompt"], strict=True):
+        assert {k: v for k, v in a.items() if k not in timing} == {
+            k: v for k, v in b.items() if k not in timing
+        }
+    assert fresh["tau"] == shared["tau"] and shared["greedy_equal"]["equal_prompts"] == 2

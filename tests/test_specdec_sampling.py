@@ -183,7 +183,7 @@ def test_speculative_sampling_matches_target_marginals(small_vocab, monkeypatch)
 
 def test_temperature_zero_stays_greedy(small_vocab):
     target, drafter = small_vocab
-    want = specdec.greedy_generate(target, PROMPT, 10, set())
+    want = specdec.plain_generate(target, PROMPT, 10, set())
     got, _ = speculative_generate(target, drafter, PROMPT, 10, 3, set(), AUX, 0.0)
     assert got == want
     with pytest.raises(ValueError, match="temperature"):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from eyas.cli import main
-from eyas.provenance import LAYER_ID_CONVENTION, model_hash, sha256_array
+from eyas.layer_ids import LAYER_ID_CONVENTION
+from eyas.provenance import model_hash, sha256_array
 from eyas.store import HiddenStore, check_provenance, read_token_shard
 from eyas.train.loader import check_pair
 

@@ -195,3 +195,8 @@ def test_split_is_readable_while_shards_are_missing(tmp_path):
     assert [p.name for p in present] == ["shard-00000.zarr", "shard-00002.zarr"]
     assert missing == [1, 3]
     assert all(HiddenStore(p).num_samples == 1 for p in present)
+    from eyas.store import shard_name, shard_paths
+
+    assert shard_name(2) == shard_name("00002") == "shard-00002.zarr"  # index or Snakemake wildcard
+    (tmp_path / shard_name(11)).mkdir()
+    assert [p.rsplit("/", 1)[1] for p in shard_paths(tmp_path)] == [shard_name(i) for i in (0, 2, 11)]

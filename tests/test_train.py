@@ -17,6 +17,7 @@ from trainkit import LAYERS, csv_rows, inputs, run, settings, spawn_worker
 from eyas.model.drafter import Eagle3Drafter
 from eyas.store import ProvenanceError
 from eyas.train import trainer as trainer_mod
+from eyas.train.csvlog import TrainLog
 from eyas.train.loader import PairedLoader
 from eyas.train.trainer import lr_factor, train
 from eyas.vocab import save_draft_vocab
@@ -74,11 +75,14 @@ def test_resume_after_crash_matches_uninterrupted_run(data, tmp_path, monkeypatc
     s = settings(max_steps=5, epochs=3, dtype=dtype)
     run(data, tmp_path / "a", s)
 
-    def crash(step: int) -> None:
-        if step == 3:
+    append = TrainLog.append
+
+    def crash(self, row: list) -> None:  # killed right after step 3 is logged, before any checkpoint
+        append(self, row)
+        if row[0] == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(trainer_mod, "_after_step", crash)
+    monkeypatch.setattr(TrainLog, "append", crash)
     with pytest.raises(KeyboardInterrupt):
         run(data, tmp_path / "b", s)
     ckpt = tmp_path / "b" / "drafter-checkpoint"
@@ -90,7 +94,7 @@ def test_resume_after_crash_matches_uninterrupted_run(data, tmp_path, monkeypatc
     again = Eagle3Drafter.from_pretrained(tmp_path / "copy")
     for name, t in reloaded.state_dict().items():
         assert torch.equal(t, again.state_dict()[name])
-    monkeypatch.setattr(trainer_mod, "_after_step", lambda step: None)
+    monkeypatch.undo()
     stats = run(data, tmp_path / "b", s)
     assert stats["resumed_from_step"] == 2 and stats["steps"] == 5
     a = Eagle3Drafter.from_pretrained(tmp_path / "a" / "drafter").state_dict()
@@ -102,14 +106,14 @@ def test_resume_after_crash_matches_uninterrupted_run(data, tmp_path, monkeypatc
 
 
 def test_changed_settings_do_not_resume(data, tmp_path, monkeypatch):
-    monkeypatch.setattr(
-        trainer_mod,
-        "_after_step",
-        lambda step: (_ for _ in ()).throw(KeyboardInterrupt) if step == 3 else None,
-    )
+    def crash(self, row: list) -> None:
+        if row[0] == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(TrainLog, "append", crash)
     with pytest.raises(KeyboardInterrupt):
         run(data, tmp_path, settings(max_steps=4))
-    monkeypatch.setattr(trainer_mod, "_after_step", lambda step: None)
+    monkeypatch.undo()
     stats = run(data, tmp_path, settings(max_steps=4, lr=1e-4))
     assert stats["resumed_from_step"] == 0
 

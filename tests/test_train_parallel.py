@@ -19,7 +19,7 @@ import torch
 from trainkit import csv_rows, inputs, run, settings
 
 from eyas.model.drafter import Eagle3Drafter
-from eyas.train.cli import train_job
+from eyas.train.job import train_job
 
 torch.set_num_threads(1)
 

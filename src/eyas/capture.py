@@ -1,33 +1,16 @@
-"""Capture of the target's taps by forward hooks: the one place that knows where taps live.
+"""Capture of the target's taps by forward hooks: which modules of a HF model the taps are.
 
-Drafter tap `v` is the OUTPUT of 0-based decoder layer `v` (HF `hidden_states[v + 1]`); the final
-state is the output of the final norm. Used by extraction and by speculative decoding alike.
+Drafter tap `v` is the OUTPUT of 0-based decoder layer `v` (HF `hidden_states[v + 1]`, layer_ids.py);
+the final state is the output of the final norm. Used by extraction and by speculative decoding alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 
-from eyas.provenance import LAYER_ID_CONVENTION
-
-
-def validate_layer_ids(layer_ids: Sequence[int], num_layers: int) -> list[int]:
-    """Drafter-convention tap ids must be distinct ints in [0, num_layers - 1]."""
-    ids = list(layer_ids)
-    if not ids:
-        raise ValueError("layer_ids is empty")
-    for v in ids:
-        if isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= v < num_layers:
-            raise ValueError(
-                f"layer id {v!r} is outside [0, {num_layers - 1}] for a {num_layers}-layer target "
-                f"(ids are 0-based decoder layers whose output is tapped; {LAYER_ID_CONVENTION})"
-            )
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"layer_ids {ids} has duplicates")
-    return [int(v) for v in ids]
+from eyas.layer_ids import validate_layer_ids
 
 
 def base_decoder(model: torch.nn.Module) -> torch.nn.Module:

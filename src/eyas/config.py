@@ -27,6 +27,11 @@ class ConfigError(ValueError):
     pass
 
 
+def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, lt: float | None = None):
+    """A settings field with bounds (`ge` <= v, `gt` < v < `lt`), checked where the config is loaded."""
+    return field(default=default, metadata={"bounds": (ge, gt, lt)})
+
+
 @dataclass
 class ModelSettings:
     source: str = DEFAULT_MODEL_SOURCE
@@ -53,7 +58,7 @@ class DataSettings:
     """Raw prompt files, read in order."""
     max_conversations: int | None = None
     """Keep at most this many valid conversations (the first in input order); null = all."""
-    eval_fraction: float = 0.05
+    eval_fraction: float = bounded(0.05, gt=0, lt=1)
     """Share of conversations held out for evaluation (hash split on id and seed)."""
     eval_max: int | None = None
     """Cap on held-out conversations; null = no cap."""
@@ -63,32 +68,32 @@ class DataSettings:
 
 @dataclass
 class TokenizeSettings:
-    max_length: int = 1024
+    max_length: int = bounded(1024, ge=1)
     """Samples longer than this many tokens are rejected (`too_long`), never truncated."""
-    train_shards: int = 2
+    train_shards: int = bounded(2, ge=1)
     """Token shards of the train split; one extraction job per shard."""
-    eval_shards: int = 1
+    eval_shards: int = bounded(1, ge=1)
     """Token shards of the eval split."""
 
 
 @dataclass
 class VocabSettings:
-    draft_vocab_size: int = 8192
+    draft_vocab_size: int = bounded(8192, ge=1)
     """Size D of the drafter's output vocabulary (most frequent assistant tokens)."""
 
 
 @dataclass
 class SglangSettings:
-    tp_size: int = 1
+    tp_size: int = bounded(1, ge=1)
     """Tensor-parallel GPUs of the one SGLang engine of an extraction job (the job requests that many)."""
-    mem_fraction_static: float = 0.85
+    mem_fraction_static: float = bounded(0.85, gt=0, lt=1)
     """Share of GPU memory SGLang takes for weights and KV cache (prefill-only: the KV cache only
     has to hold the requests of one forward)."""
     chunked_prefill_size: int = 8192
     """Tokens per prefill forward; longer samples arrive in pieces and are reassembled. -1 = off."""
     attention_backend: str | None = None
     """SGLang attention backend (e.g. `fa3`, `flashinfer`, `triton`); null = SGLang's choice."""
-    requests_per_call: int = 1024
+    requests_per_call: int = bounded(1024, ge=1)
     """Samples handed to the engine per `generate` call (the scheduler batches them itself)."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Further SGLang `ServerArgs` for the engine (e.g. `ep_size`, `enable_dp_attention`,
@@ -105,14 +110,14 @@ class ExtractSettings:
     """`auto` = cuda when available; set `cuda` to request a GPU (resources gpu=1) from the scheduler."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype: `auto` = bf16 on CUDA, fp32 on CPU. Storage is always bf16."""
-    token_budget: int = 8192
+    token_budget: int = bounded(8192, ge=1)
     """Padded tokens per forward batch."""
     storage: Literal["bf16", "fp8_e4m3"] = "bf16"
     """On-disk encoding: `bf16` (lossless) or `fp8_e4m3` (per-token, per-tap absmax scale; about half
     the bytes, lossy: its reconstruction error is in bench/results/extract-*.json)."""
-    chunk_tokens: int = 256
+    chunk_tokens: int = bounded(256, ge=1)
     """Tokens per Zarr chunk (bench/chunks.py: write speed, ratio and random-read amplification)."""
-    writer_threads: int | None = None
+    writer_threads: int | None = bounded(None, ge=1)
     """Threads that compress and write chunks; null = the job's threads - 1."""
     sglang: SglangSettings = field(default_factory=SglangSettings)
     """Engine settings of `backend: sglang` (ignored by `hf`)."""
@@ -134,7 +139,7 @@ class TrainSettings:
     """Max global gradient norm."""
     token_budget: int = 4096
     """Padded tokens per batch."""
-    ttt_steps: int = 7
+    ttt_steps: int = bounded(7, ge=1)
     """Training-time-test unroll depth k."""
     step_weight: float = 0.8
     """Loss weight of step i is step_weight**i."""
@@ -149,16 +154,12 @@ class TrainSettings:
     the drafter's output space then starts as the target's, which short CPU runs need."""
     checkpoint_every: int = 200
     """Optimizer steps between checkpoints (also written at the end)."""
-    draft_vocab_size: int = 8192
-    """Filled from vocab.draft_vocab_size; not set here."""
-    threads: int | None = None
-    """CPU threads (the rule passes its `threads`)."""
     progress: bool = True
     """Show a progress bar."""
-    nproc: int = 1
+    nproc: int = bounded(1, ge=1)
     """Data-parallel processes (torchrun on this node; one GPU each on CUDA, gloo on CPU). The global
     batch of a step is nproc * grad_accum micro-batches of `token_budget` padded tokens."""
-    grad_accum: int = 1
+    grad_accum: int = bounded(1, ge=1)
     """Micro-batches accumulated per optimizer step and process."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """With nproc > 1: `ddp` replicates the drafter on every process; `fsdp` shards its weights,
@@ -200,7 +201,7 @@ class EvaluateSettings:
     num_draft_tokens: list[int] = field(default_factory=lambda: [4])
     """Chain lengths k drafted per verify pass (a k sweep; the first is the headline's). The `hf`
     backend decodes the first k only; `sglang` serves every k."""
-    concurrency: int = 8
+    concurrency: int = bounded(8, ge=1)
     """`sglang`: requests in flight for the batched speed figures (beside batch size 1)."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """Device of the target and drafter during evaluation (`hf`; `sglang` always runs on GPUs)."""
@@ -235,7 +236,7 @@ class RegenerateSettings:
     turns: Literal["last", "all"] = "last"
     """`last`: the last assistant turn is regenerated from the history before it; `all`: every assistant
     turn in order, each from the history with the earlier turns already regenerated."""
-    samples: int = 1
+    samples: int = bounded(1, ge=1)
     """Responses per conversation (each becomes its own training conversation); > 1 needs
     temperature > 0."""
     max_new_tokens: int = 256
@@ -274,40 +275,11 @@ class Config:
     export: ExportSettings = field(default_factory=ExportSettings)
 
     def __post_init__(self):
-        if self.train.draft_vocab_size != TrainSettings.draft_vocab_size and (
-            self.train.draft_vocab_size != self.vocab.draft_vocab_size
-        ):
-            raise ConfigError("train.draft_vocab_size is derived from vocab.draft_vocab_size: do not set it")
-        self.train.draft_vocab_size = self.vocab.draft_vocab_size
-        for name, value in (
-            ("tokenize.train_shards", self.tokenize.train_shards),
-            ("tokenize.eval_shards", self.tokenize.eval_shards),
-            ("tokenize.max_length", self.tokenize.max_length),
-            ("vocab.draft_vocab_size", self.vocab.draft_vocab_size),
-            ("train.ttt_steps", self.train.ttt_steps),
-            ("train.nproc", self.train.nproc),
-            ("train.grad_accum", self.train.grad_accum),
-            ("evaluate.concurrency", self.evaluate.concurrency),
-            ("extract.token_budget", self.extract.token_budget),
-            ("extract.chunk_tokens", self.extract.chunk_tokens),
-            ("extract.writer_threads", self.extract.writer_threads or 1),
-            ("extract.sglang.tp_size", self.extract.sglang.tp_size),
-            ("extract.sglang.requests_per_call", self.extract.sglang.requests_per_call),
-        ):
-            if value < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}")
-        fraction = self.extract.sglang.mem_fraction_static
-        if not 0.0 < fraction < 1.0:
-            raise ConfigError(f"extract.sglang.mem_fraction_static must be in (0, 1), got {fraction}")
         if self.extract.backend == "sglang" and self.extract.device == "cpu":
             raise ConfigError("extract.backend sglang runs on GPUs: set extract.device to cuda (or auto)")
-        if not 0.0 < self.data.eval_fraction < 1.0:
-            raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.data.eval_fraction}")
         if self.evaluate.temperature < 0:
             raise ConfigError(f"evaluate.temperature must be >= 0, got {self.evaluate.temperature}")
         self._check_evaluate()
-        if self.regenerate.samples < 1:
-            raise ConfigError(f"regenerate.samples must be >= 1, got {self.regenerate.samples}")
         if self.regenerate.samples > 1 and self.regenerate.temperature == 0:
             raise ConfigError(
                 "regenerate.samples > 1 needs regenerate.temperature > 0 (greedy repeats itself)"
@@ -430,7 +402,21 @@ def _build(cls: type, values: Any, key: str):
     ]
     if missing:
         raise ConfigError(f"{key or 'config'}: missing required key {missing[0]}")
+    _check_bounds(cls, kwargs, key)
     return cls(**kwargs)
+
+
+def _check_bounds(cls: type, values: dict, key: str) -> None:
+    """The bounds `bounded` put on fields, for the values given (null passes: it means the default)."""
+    for f in dataclasses.fields(cls):
+        ge, gt, lt = f.metadata.get("bounds", (None, None, None))
+        value, name = values.get(f.name), f"{key}.{f.name}" if key else f.name
+        if value is None:
+            continue
+        if ge is not None and value < ge:
+            raise ConfigError(f"{name} must be >= {ge}, got {value}")
+        if (gt is not None and value <= gt) or (lt is not None and value >= lt):
+            raise ConfigError(f"{name} must be in ({gt}, {lt}), got {value}")
 
 
 # --------------------------------------------------------------------------- `snakemake --config`
@@ -568,6 +554,13 @@ def check_local_paths(files: list[tuple[str, str]], dirs: list[tuple[str, str]] 
             + f"{Path.cwd()}):\n  "
             + "\n  ".join(problems)
         )
+
+
+def stage_settings(cls: type, values: dict):
+    """A stage's settings from its rule's `params`: the section as plain values (`dataclasses.asdict`,
+    which Snakemake's params rerun trigger can compare; it skips dataclass objects), checked and
+    rebuilt into the dataclass `cls`, nested sections included."""
+    return _build(cls, values, cls.__name__)
 
 
 def load_config_file(path: str | Path) -> Config:

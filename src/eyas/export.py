@@ -1,7 +1,8 @@
 """Export a trained drafter for serving: SGLang's `LlamaForCausalLMEagle3` dir and a vLLM speculators
 `Eagle3Speculator` dir.
 
-SGLang skips unknown weight names silently (FACTS §4), so a misnamed tensor would serve a drafter
+SGLang skips unknown weight names silently (`LlamaForCausalLMEagle3.load_weights`, sglang 0.5.23),
+so a misnamed tensor would serve a drafter
 with random weights: the exact key set, shapes and dtypes are validated against the config here.
 The speculators export also carries `embed_tokens.weight` (speculators 0.9.0 leaves a missing one at
 zeros without a warning) and names a verifier that resolves (`check_verifier`, key `export.verifier`).
@@ -18,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from eyas.atomic import atomic_dir
-from eyas.extract.layer_conventions import sglang_layer_ids, tap_ids_from_sglang
+from eyas.layer_ids import sglang_layer_ids, tap_ids_from_sglang, tap_ids_from_vllm, vllm_layer_ids
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter, read_drafter_config
 from eyas.provenance import DRAFTER_PROVENANCE
 
@@ -30,7 +31,7 @@ def sglang_config(
 ) -> dict:
     """config.json for SGLang's LlamaForCausalLMEagle3 (a one-layer Llama + EAGLE-3 fields).
 
-    The aux ids are in SGLang's convention for the target's family (`layer_conventions`): the
+    The aux ids are in SGLang's convention for the target's family (`eyas.layer_ids`): the
     serving engine hands them to the target's `set_eagle3_layers_to_capture`."""
     config = {
         "architectures": ["LlamaForCausalLMEagle3"],
@@ -148,7 +149,7 @@ def export_sglang(
     drafter_dir: str | os.PathLike, out_dir: str | os.PathLike, target_model_type: str = "llama"
 ) -> dict:
     """Write `config.json` + `model.safetensors` for SGLang at `out_dir` (atomic). Returns a summary.
-    `target_model_type`: the target's HF model_type (`layer_conventions.text_model_type`)."""
+    `target_model_type`: the target's HF model_type (`eyas.layer_ids.text_model_type`)."""
     model = Eagle3Drafter.from_pretrained(drafter_dir)
     raw = read_drafter_config(drafter_dir)
     provenance = {k: raw[k] for k in PROVENANCE_KEYS if k in raw}
@@ -172,13 +173,6 @@ def export_sglang(
 
 # --------------------------------------------------------------------------- vLLM speculators
 SPECULATORS_ARCH = "Eagle3Speculator"
-
-
-def vllm_layer_ids(drafter_ids: list[int]) -> list[int]:
-    """Drafter convention (output of 0-based layer v) -> vLLM/speculators (HF hidden_states index v + 1).
-
-    FACTS §1: the default drafter ids [1, L//2-1, L-4] are vLLM's [2, L//2, L-3]."""
-    return [int(v) + 1 for v in drafter_ids]
 
 
 VERIFIER_KEY = "export.verifier"  # the config key that states how the export names its verifier
@@ -383,7 +377,7 @@ def load_export(export_dir: str | os.PathLike, embed: torch.Tensor | None = None
     if raw.get("architectures") == [SPECULATORS_ARCH]:
         kind = "speculators"
         layer = raw["transformer_layer_config"]
-        aux = [int(i) - 1 for i in raw["eagle_aux_hidden_state_layer_ids"]]
+        aux = tap_ids_from_vllm(raw["eagle_aux_hidden_state_layer_ids"])
     elif raw.get("architectures") == ["LlamaForCausalLMEagle3"]:
         kind = "sglang"
         layer = raw

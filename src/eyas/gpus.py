@@ -1,12 +1,12 @@
 """GPU slots for local runs: each GPU job gets devices of its own.
 
-Local Snakemake counts a `gpu` resource but never says which device a job should use (FACTS §6), so
-two GPU jobs would both land on device 0. A job calls `claim_gpus(n)` before it touches CUDA: it takes
-an exclusive `flock` on one lock file per device among the devices visible to it, and narrows
-`CUDA_VISIBLE_DEVICES` to the ones it holds. The kernel drops a lock when its process ends, however it
-ends, so a killed job frees its slot. Under SLURM the visible devices are the job's own allocation
-(GRES sets `CUDA_VISIBLE_DEVICES`) and the lock directory is per SLURM job, so jobs never contend
-across allocations but several jobs of one interactive allocation (`salloc`) still share it fairly.
+Local Snakemake counts a `gpu` resource but never says which device a job should use (it is a plain counted
+resource), so two GPU jobs would both land on device 0. A job calls `claim_gpus(n)` before it touches CUDA:
+it takes an exclusive `flock` on one lock file per device among the devices visible to it, and narrows
+`CUDA_VISIBLE_DEVICES` to the ones it holds. The kernel drops a lock when its process ends, however it ends,
+so a killed job frees its slot. Under SLURM the visible devices are the job's own allocation (GRES sets
+`CUDA_VISIBLE_DEVICES`) and the lock directory is per SLURM job, so jobs never contend across allocations
+but several jobs of one interactive allocation (`salloc`) still share it fairly.
 
 `profiles/default/` caps concurrent GPU jobs at `len(visible_gpus())` for local runs (`local_run()`).
 """

@@ -12,7 +12,6 @@ import numpy as np
 from eyas import __version__
 
 EYAS_VERSION = __version__
-LAYER_ID_CONVENTION = "drafter:output_of_layer"  # id v == HF hidden_states[v + 1]
 FINAL_NORM = "post_norm"  # final state is after the target's final norm
 # What a drafter records of the stores it was trained on, and what evaluation checks stores against.
 DRAFTER_PROVENANCE = (

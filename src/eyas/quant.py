@@ -1,8 +1,8 @@
 """Storage encodings of hidden states: lossless bf16 bits, or fp8 e4m3 with a per-token, per-tap scale.
 
-Pure tensor functions, used on the GPU at extraction time (so the device-to-host copy moves the
-smaller encoding) and on the CPU when a store is read. FACTS §2: fp8 e4m3 with a per-token scale
-stores ~2.3x smaller than bf16 (logit KL ~5e-3, teacher top-1 agreement ~96% on SmolLM2); int8 absmax
+Pure tensor functions, used on the GPU at extraction time (so the device-to-host copy moves the smaller
+encoding) and on the CPU when a store is read. Measured on real SmolLM2 states: fp8 e4m3 with a per-token
+scale stores ~2.3x smaller than bf16 (logit KL ~5e-3, teacher top-1 agreement ~96% on SmolLM2); int8 absmax
 is unusable with outlier channels, hence a floating-point format.
 """
 
@@ -37,12 +37,3 @@ def fp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def fp8_dequantize(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """bits [..., G, H] uint8, scale [..., G] float32 -> float32 [..., G, H]."""
     return bits.view(FP8_DTYPE).float() * scale.float().unsqueeze(-1)
-
-
-def reconstruction_error(x: torch.Tensor) -> dict[str, float]:
-    """Round trip of x [N, G, H] through fp8: relative Frobenius error overall and per tap."""
-    bits, scale = fp8_quantize(x)
-    y = fp8_dequantize(bits, scale)
-    x = x.float()
-    per_tap = ((y - x).norm(dim=(0, 2)) / x.norm(dim=(0, 2)).clamp_min(1e-30)).tolist()
-    return {"relative_error": float((y - x).norm() / x.norm().clamp_min(1e-30)), "per_tap": per_tap}

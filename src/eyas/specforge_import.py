@@ -24,18 +24,17 @@ import numpy as np
 import torch
 
 from eyas.atomic import atomic_file
-from eyas.capture import validate_layer_ids
+from eyas.layer_ids import LAYER_ID_CONVENTION, resolve_aux_layer_ids, text_config
 from eyas.provenance import (
     EYAS_VERSION,
     FINAL_NORM,
-    LAYER_ID_CONVENTION,
     chat_template_hash,
     model_hash,
     sha256_array,
     tokenizer_hash,
 )
-from eyas.store import CHUNK_TOKENS, hidden_store_writer, write_token_shard
-from eyas.target import default_aux_layer_ids, load_tokenizer, read_config
+from eyas.store import CHUNK_TOKENS, hidden_store_writer, shard_name, write_token_shard
+from eyas.target import load_tokenizer, read_config
 
 FILE_PATTERN = re.compile(r"data_(\d+)\.ckpt$")
 KEYS = ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state")
@@ -102,7 +101,7 @@ def _write_shard(
     num_taps: int,
     chunk_tokens: int,
 ) -> None:
-    name = f"shard-{shard:05d}.zarr"
+    name = shard_name(shard)
     token_samples = [(sample.input_ids, sample.loss_mask) for sample in samples]
     sample_ids = [f"specforge:{s.index}" for s in samples]
     attrs = {**token_attrs, "shard": shard, "num_shards": num_shards}
@@ -136,9 +135,8 @@ def import_specforge(
     if samples_per_shard < 1:
         raise ValueError(f"samples_per_shard must be >= 1, got {samples_per_shard}")
     config = read_config(model_dir)
-    config = config.get("text_config", config)
-    num_layers, hidden = int(config["num_hidden_layers"]), int(config["hidden_size"])
-    layer_ids = validate_layer_ids(layer_ids or default_aux_layer_ids(num_layers), num_layers)
+    hidden = int(text_config(config)["hidden_size"])
+    layer_ids = resolve_aux_layer_ids(config, layer_ids)
     tokenizer = load_tokenizer(model_dir)
     model_id = model_id or os.fspath(model_dir)
     token_attrs = {

@@ -10,16 +10,6 @@ import torch
 from safetensors import safe_open
 
 
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's default taps in the drafter convention: outputs of layers 1, L/2-1 and L-4."""
-    return [1, num_layers // 2 - 1, num_layers - 4]
-
-
-def hf_hidden_index(layer_id: int) -> int:
-    """Index into HF `output_hidden_states` (0 = embeddings) of drafter-convention tap `layer_id`."""
-    return layer_id + 1
-
-
 def read_config(model_dir: str | os.PathLike) -> dict:
     path = Path(model_dir) / "config.json"
     if not path.exists():

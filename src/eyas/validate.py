@@ -26,37 +26,18 @@ import numpy as np
 import torch
 
 from eyas.atomic import atomic_file
-from eyas.provenance import EYAS_VERSION, FINAL_NORM, LAYER_ID_CONVENTION, sha256_array
-from eyas.store import HiddenStore, read_token_shard
+from eyas.layer_ids import LAYER_ID_CONVENTION
+from eyas.provenance import EYAS_VERSION, FINAL_NORM, sha256_array
+from eyas.store import (
+    REQUIRED_ATTRS,
+    SHARD_FIELDS,
+    STORED_DTYPES,
+    HiddenStore,
+    hidden_layout,
+    read_token_shard,
+)
 
 MANIFEST_FORMAT = "eyas.manifest/1"
-# Provenance every hidden store must carry (docs/design.md, "hidden store").
-REQUIRED_ATTRS = (
-    "format",
-    "model_id",
-    "model_hash",
-    "layer_ids",
-    "layer_id_convention",
-    "final_norm",
-    "hidden_size",
-    "num_taps",
-    "dtype",
-    "tokenizer_hash",
-    "chat_template_hash",
-    "tokens_checksum",
-    "num_samples",
-    "num_tokens",
-    "split",
-    "shard",
-    "eyas_version",
-)
-SHARD_FIELDS = (
-    "tokenizer_hash",
-    "chat_template_hash",
-    "split",
-    "shard",
-    "model_id",
-)  # must equal the shard's
 BF16_EXPONENT = 0x7F80  # bf16 bits: sign 1, exponent 8, mantissa 7
 BF16_MANTISSA = 0x007F
 SCAN_ROWS = 4096  # tokens per block of the NaN/Inf scan: bounded memory, whole 256-token chunks
@@ -177,15 +158,15 @@ def validate_store(
         )
 
     arrays = {}
-    checked = [("aux", store.aux, num_taps * hidden), ("final", store.final, hidden)]
-    if store.scale is not None:  # fp8_e4m3: per-token scales of each tap and of the final state
-        checked.append(("scale", store.scale, num_taps + 1))
-    stored_dtype = {"bfloat16": "uint16", "float8_e4m3fn": "uint8"}.get(attrs.get("dtype"))
-    for name, array, width in checked:
+    # name -> (row width, on-disk dtype); fp8_e4m3 adds per-token scales of each tap and the final state
+    layout = hidden_layout(store.storage, hidden, num_taps)
+    checked = [(name, getattr(store, name), width, dtype) for name, (width, dtype) in layout.items()]
+    if "dtype" in attrs:
+        expect("dtype", attrs["dtype"], STORED_DTYPES[store.storage], f"storage {store.storage}")
+    for name, array, width, dtype in checked:
         expect(f"{name}.shape", tuple(array.shape), (num_tokens, width), "tokens x width from attrs")
-        if stored_dtype is not None:
-            want = "float32" if name == "scale" else stored_dtype
-            expect(f"{name}.dtype", str(array.dtype), want, f"{attrs.get('dtype')} is stored as {want}")
+        want = np.dtype(dtype).name
+        expect(f"{name}.dtype", str(array.dtype), want, f"{store.storage} is stored as {want}")
         if array.nchunks_initialized != array.nchunks:
             problems.append(
                 f"array {name!r}: {array.nchunks - array.nchunks_initialized} of {array.nchunks} chunks "

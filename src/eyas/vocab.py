@@ -1,7 +1,8 @@
 """Draft vocab: the D target tokens the drafter can propose, from loss-masked token frequencies.
 
 `d2t[i] = target_id_i - i` (int64) for the ascending target ids of the draft vocab, `t2d` is a bool
-mask over the target vocab (FACTS §1, SGLang's `hot_token_id = arange(D) + d2t`).
+mask over the target vocab (the layout SGLang's EAGLE-3 drafter loads: `hot_token_id = arange(D) + d2t`,
+https://github.com/sgl-project/sglang).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bring up a real single-node SLURM on this machine, as root, without systemd (FACTS §6):
+# Bring up a real single-node SLURM on this machine, as root, without systemd:
 # munged, mariadb + slurmdbd (so `sacct` works), slurmctld, slurmd, with two fake GPUs as GRES.
 # Every daemon runs from the state dir with its own pid file; slurm_down.sh stops exactly those.
 # Needs the Debian packages: munge slurmctld slurmd slurm-client slurmdbd mariadb-server.

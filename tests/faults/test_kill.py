@@ -30,7 +30,7 @@ EXTRACT_POINTS = ("mid_batch", "mid_write", "finalize", "replace_old")
 READY_TIMEOUT_S = 300
 TRAIN_SETTINGS = dict(
     epochs=4, max_steps=6, lr=3e-3, warmup_steps=1, token_budget=256, ttt_steps=2, seed=0, device="cpu",
-    dtype="float32", checkpoint_every=2, draft_vocab_size=64, threads=1, progress=False, select_by_tau=False,
+    dtype="float32", checkpoint_every=2, progress=False, select_by_tau=False,
 )  # fmt: skip
 
 
@@ -46,6 +46,7 @@ def _train_inputs(root: Path, token_shard_path: Path, reference_store: Path, tin
         "hidden_stores": [str(reference_store)],
         "vocab_path": str(vocab),
         "model_dir": str(tiny_model_dir),
+        "threads": 1,
         "expected_provenance": {"model_id": "tiny", "layer_ids": EXTRACT_KW["layer_ids"]},
     }
 
@@ -138,7 +139,8 @@ def test_extract_killed_then_rerun_is_bitwise_equal(
 def test_train_killed_mid_checkpoint_keeps_the_previous_one(killed, tmp_path, ledger, one_thread):
     from eyas.config import TrainSettings
     from eyas.model.drafter import Eagle3Drafter
-    from eyas.train.trainer import checkpoint_dir, train
+    from eyas.train.checkpoint import checkpoint_dir
+    from eyas.train.trainer import train
 
     settings = TrainSettings(**TRAIN_SETTINGS)
     kwargs = killed["train"]

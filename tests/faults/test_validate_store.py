@@ -12,7 +12,8 @@ import torch
 import zarr
 from faultkit import LAYER_IDS
 
-from eyas.provenance import LAYER_ID_CONVENTION, model_hash
+from eyas.layer_ids import LAYER_ID_CONVENTION
+from eyas.provenance import model_hash
 from eyas.store import HiddenStore, write_token_shard
 from eyas.validate import (
     StoreInvalid,
@@ -152,3 +153,41 @@ def test_training_refuses_a_store_without_a_valid_manifest(reference_store, tmp_
                     manifests=[str(manifest)],
                 )
             assert not (tmp_path / "drafter").exists()
+
+
+def test_validate_script_resolves_default_taps_of_a_wrapped_config(
+    reference_store, token_shard_path, tiny_model_dir, tmp_path, ledger
+):
+    """A Kimi-K2.5-style target (its language model's config nested under `text_config`) with
+    `model.aux_layer_ids: null`: the validate stage resolves the default taps from the nested layer
+    count, as extraction does, instead of failing on the wrapper's missing `num_hidden_layers`."""
+    import runpy
+    from types import SimpleNamespace
+
+    from eyas.layer_ids import resolve_aux_layer_ids
+
+    text = json.loads((tiny_model_dir / "config.json").read_text()) | {"num_hidden_layers": 61}
+    kimi = tmp_path / "kimi"
+    kimi.mkdir()
+    (kimi / "config.json").write_text(json.dumps({"model_type": "kimi_k25", "text_config": text}))
+    taps = resolve_aux_layer_ids(json.loads((kimi / "config.json").read_text()), None)
+    assert taps == [1, 29, 57]  # EAGLE-3's default [1, L//2-1, L-4] for L = 61
+    store = tmp_path / "hidden" / "shard-00000.zarr"
+    shutil.copytree(reference_store, store)  # as extraction with those taps would have written it
+    zarr.open_group(store, mode="r+").attrs.update({"layer_ids": taps, "model_hash": model_hash(kimi)})
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    shutil.copytree(token_shard_path, tokens / "shard-00000.zarr")
+    manifest = tmp_path / "shard-00000.manifest.json"
+    sm = SimpleNamespace(
+        input=SimpleNamespace(tokens=str(tokens), store=str(store), model=str(kimi)),
+        output=SimpleNamespace(manifest=str(manifest)),
+        params=SimpleNamespace(layer_ids=None, model_id="tiny"),
+        wildcards=SimpleNamespace(split="train", shard="00000"),
+        log=[str(tmp_path / "validate.log")],
+    )
+    script = Path(__file__).parents[2] / "scripts" / "validate.py"
+    with ledger.case("bad_input", "wrapped (text_config) target, default taps", "validates like extraction"):
+        runpy.run_path(str(script), init_globals={"snakemake": sm})
+        written = json.loads(manifest.read_text())
+        assert written["ok"] and written["provenance"]["layer_ids"] == taps

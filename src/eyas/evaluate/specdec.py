@@ -168,7 +168,7 @@ def _check_lengths(target, prompt_ids: list[int], max_new_tokens: int, margin: i
 
 # --------------------------------------------------------------------------- decoding
 @torch.inference_mode()
-def greedy_generate(
+def plain_generate(
     target,
     prompt_ids: list[int],
     max_new_tokens: int,
@@ -236,7 +236,7 @@ def speculative_generate(
 ) -> tuple[list[int], SpecStats]:
     """Speculative decoding (chain of `num_draft_tokens` drafts per verify pass).
 
-    At temperature 0 verification is greedy and the output equals `greedy_generate`'s token for token
+    At temperature 0 verification is greedy and the output equals `plain_generate`'s token for token
     (up to floating-point differences between the target's one-token and multi-token forwards). At
     temperature > 0 drafts are sampled from the drafter and verified by rejection sampling
     (`eyas.evaluate.sampling`): each token is distributed as plain sampling from the target, drawing
@@ -352,6 +352,7 @@ def evaluate_specdec(
     temperature: float = 0.0,
     seed: int = 0,
     greedy_cache: dict | None = None,
+    target=None,
 ) -> dict:
     """Speculative vs plain decoding over `prompts`: tau, acceptance by draft position, speed.
 
@@ -364,16 +365,19 @@ def evaluate_specdec(
     greedy_cache: {prompt index: (plain greedy output, seconds)} shared by calls on the same prompts,
     target and settings (e.g. one per prompt set): at temperature 0 the plain side of each prompt is
     decoded and timed once and reused by every drafter, since it does not depend on the drafter.
+    target: the target already loaded from `model_dir` on `device` in `dtype` (`load_target`), so a
+    set's drafters share one copy; loaded here when None.
     """
-    target = load_target(model_dir, dtype=dtype, device=device)
+    if target is None:
+        target = load_target(model_dir, dtype=dtype, device=device)
     drafter = drafter.to(device=device, dtype=dtype).eval()
     k = num_draft_tokens
     sampling = {"temperature": temperature, "generator": torch.Generator(device=device).manual_seed(seed)}
 
     def plain(prompt, n):
         if temperature == 0:  # the exact reference
-            return greedy_generate(target, prompt, n, eos_token_ids)
-        return greedy_generate(target, prompt, n, eos_token_ids, **sampling)
+            return plain_generate(target, prompt, n, eos_token_ids)
+        return plain_generate(target, prompt, n, eos_token_ids, **sampling)
 
     if prompts:  # warm-up: first-call allocations and lazy init must not land in the timings
         warm = min(4, max_new_tokens)

@@ -19,14 +19,14 @@ from pathlib import Path
 import torch
 
 from eyas.atomic import atomic_file
-from eyas.evaluate.offline import evaluate_offline
 from eyas.evaluate.served import SERVED_FORMAT, specdec_view
 from eyas.evaluate.sets import load_prompt_set
 from eyas.evaluate.specdec import evaluate_specdec
 from eyas.evaluate.summary import json_safe, write_summary
 from eyas.model.drafter import Eagle3Drafter
 from eyas.provenance import DRAFTER_PROVENANCE, sha256_file
-from eyas.target import load_embed_and_head, load_tokenizer, resolve_device
+from eyas.target import load_embed_and_head, load_target, load_tokenizer, resolve_device
+from eyas.train.heldout import evaluate_offline
 
 log = logging.getLogger("eyas.evaluate")
 
@@ -137,9 +137,10 @@ def run_specdec_set(
     )
     reports = {}
     greedy_cache: dict = {}  # the set's plain greedy outputs: decoded once, not once per drafter
+    target = load_target(model_dir, dtype=DTYPE, device=device)  # loaded once, shared by the drafters
     for name, model in drafters.items():
         reports[name] = evaluate_specdec(
-            model_dir, model, prompt_set.prompts, **decode, greedy_cache=greedy_cache
+            model_dir, model, prompt_set.prompts, **decode, greedy_cache=greedy_cache, target=target
         )
         log.info(
             "%s / %s: tau %.3f, speedup %s", set_name, name, reports[name]["tau"], reports[name]["speedup"]
@@ -163,7 +164,7 @@ def export_for_serving(drafters: dict, trained_export: str, model_dir: str, work
     """{name: SGLang export dir}: the export rule's output for the trained drafter, and an export made
     here, by the same exporter, for every other drafter (the untrained control, baselines)."""
     from eyas.export import export_sglang
-    from eyas.extract.layer_conventions import text_model_type
+    from eyas.layer_ids import text_model_type
     from eyas.target import read_config
 
     model_type = text_model_type(read_config(model_dir))

@@ -5,14 +5,14 @@ is edited. The engine's scheduler process is started through `Engine.run_schedul
 a subclass; there, before the scheduler is built, `install_capture` wraps `ModelRunner.forward`
 (an AFTER hook) and, on releases without a capture-only mode, turns aux capture on.
 
-Why a hook and not the public `return_hidden_states` (FACTS §4): that path ships Python float lists
-through ZMQ, drops the middle chunks of chunked prefill and never returns the final state. The hook
-sees every extend forward: `forward_batch.rids`, `extend_prefix_lens_cpu`, `extend_seq_lens_cpu`
-say which rows belong to which sample and where in it; the rows are encoded on the device, copied
-into reused pinned buffers on a side stream (`extract.staging`) and written by the same writer as
-the HF backend (`extract.writer`, `HiddenStoreWriter.write_rows` reassembles chunked prefill).
-The store is finished (atomic rename) by the forward that completes the last sample, before SGLang
-answers that request, so it exists when the last `generate` call returns.
+Why a hook and not the public `return_hidden_states` (read in the sglang 0.5.23 sources): that path ships
+Python float lists through ZMQ, drops the middle chunks of chunked prefill and never returns the final
+state. The hook sees every extend forward: `forward_batch.rids`, `extend_prefix_lens_cpu`,
+`extend_seq_lens_cpu` say which rows belong to which sample and where in it; the rows are encoded on the
+device, copied into reused pinned buffers on a side stream (`extract.staging`) and written by the same
+writer as the HF backend (`extract.writer`, `HiddenStoreWriter.write_rows` reassembles chunked prefill). The
+store is finished (atomic rename) by the forward that completes the last sample, before SGLang answers that
+request, so it exists when the last `generate` call returns.
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ import numpy as np
 import torch
 
 from eyas.atomic import atomic_file
-from eyas.extract.hf_backend import (
+from eyas.extract.job import (
     default_writer_threads,
     open_job,
     peak_rss_bytes,
     store_attrs,
     stored_bytes,
 )
-from eyas.extract.layer_conventions import sglang_layer_ids, text_model_type
 from eyas.extract.staging import PinnedPool, stage_batch
 from eyas.extract.writer import BatchWriter, empty_rows
+from eyas.layer_ids import sglang_layer_ids, text_model_type
 from eyas.quant import check_storage
 from eyas.sglang_engine import check_tested, server_arg_names, user_engine_args
 from eyas.store import CHUNK_TOKENS, hidden_store_writer, read_token_shard

@@ -1,6 +1,7 @@
 """The EAGLE-3 drafter: one Llama decoder layer over fused target taps (SGLang `LlamaForCausalLMEagle3`).
 
-Data flow for one drafting step (FACTS §1, SGLang `srt/models/llama_eagle3.py`):
+Data flow for one drafting step (as SGLang's `python/sglang/srt/models/llama_eagle3.py` computes it,
+https://github.com/sgl-project/sglang):
 
     h      = fc(cat(aux taps))             # step 0: [.., 3H] -> [.., H]; later steps: own hidden_out
     x      = cat(input_layernorm(embed(id)), hidden_norm(h))   # [.., 2H]

@@ -1,4 +1,6 @@
-"""Exact-resume checkpoints: model, optimizer, scheduler, RNG states, sampler position, step, log rows.
+"""Exact-resume checkpoints: the run state (`RunState`), and the `Checkpointer` that saves it with
+the weights, optimizer, scheduler and RNG states, restores it, keeps the best epoch's weights and
+writes the final drafter directory.
 
 A checkpoint is a directory (model.safetensors + config.json of the drafter, train_state.pt with the
 rest). `train_state.pt` holds only tensors and plain Python values, so it loads with
@@ -13,18 +15,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
+from eyas.atomic import atomic_dir
 from eyas.model.drafter import Eagle3Drafter
+from eyas.train import distributed
+
+log = logging.getLogger("eyas.train")
 
 # Settings that do not change the maths: a checkpoint made under other values still resumes.
-NOT_FINGERPRINTED = ("progress", "threads", "checkpoint_every", "device")
+NOT_FINGERPRINTED = ("progress", "checkpoint_every", "device")
 
 
 def checkpoint_dir(out_dir: str | os.PathLike) -> Path:
@@ -116,3 +125,121 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# --------------------------------------------------------------------------- run state
+@dataclass
+class RunState:
+    """Where a run stands: with the weights, optimizer, scheduler and RNG states, the checkpoint.
+
+    A run restored from it continues as if it had never stopped (same log rows, same weights)."""
+
+    seen: torch.Tensor
+    """[num_samples] int32: uses of each sample this epoch by this rank (the checkpoint holds the sum
+    over ranks; on resume rank 0 takes it and the other ranks start from zero)."""
+    step: int = 0
+    """Optimizer steps taken."""
+    epoch: int = 0
+    """The epoch in progress (0-based)."""
+    group_in_epoch: int = 0
+    """Step groups of this epoch already taken (where a resumed epoch picks up)."""
+    tokens: int = 0
+    """Loss-carrying tokens trained on, all ranks."""
+    seconds: float = 0.0
+    """Time spent in optimizer steps (throughput; not part of the result)."""
+    log_rows: list[list] = field(default_factory=list)
+    """Every row of the step log so far (`TrainLog` writes them)."""
+    epochs: list[dict] = field(default_factory=list)
+    """One record per finished epoch: coverage, padding, held-out metrics."""
+    best: dict = field(default_factory=dict)
+    """The epoch whose weights are kept ({epoch, step, simulated_tau}); empty without selection."""
+
+
+class Checkpointer:
+    """Owns the checkpoint directory beside `out_dir`: finding a resumable one, saving, restoring,
+    keeping the best epoch's weights (`<out_dir>-best`) and writing the final drafter at `out_dir`.
+
+    Only checkpoints with this run's `fingerprint` are resumed. Saving is collective (every rank
+    calls it); files are written by rank 0."""
+
+    def __init__(self, out_dir: str | os.PathLike, fp: str, extra_config: dict, world: distributed.World):
+        self.out_dir = Path(out_dir)
+        self.dir = checkpoint_dir(out_dir)
+        self.best_dir = self.out_dir.with_name(self.out_dir.name + "-best")
+        self.fingerprint = fp
+        self.extra_config = extra_config
+        self.world = world
+
+    def find(self) -> tuple[Path, dict] | None:
+        """(directory, train state) of a checkpoint this run can resume from, or None."""
+        found = load_checkpoint(self.dir)
+        if found is not None and found[1]["fingerprint"] != self.fingerprint:
+            log.warning("%s: checkpoint is from different settings or inputs; starting fresh", self.dir)
+            return None
+        return found
+
+    @staticmethod
+    def load_weights(model: nn.Module, found: tuple[Path, dict], device: torch.device) -> None:
+        """The checkpoint's weights into the whole model (before it is spread over the ranks)."""
+        model.load_state_dict(Eagle3Drafter.from_pretrained(found[0], map_location=device).state_dict())
+
+    def restore(self, found: tuple[Path, dict], run: RunState, spread, optimizer, scheduler) -> None:
+        """Optimizer, scheduler, RNG states and the run state from a checkpoint `find` returned."""
+        path, state = found
+        spread.load_optimizer_state(optimizer, state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        for name in ("step", "epoch", "group_in_epoch", "tokens", "seconds", "epochs", "best"):
+            setattr(run, name, state[name])
+        run.log_rows = state["log_rows"]
+        if self.world.main:  # the checkpoint holds the all-rank count; other ranks add their own
+            run.seen = state["seen"].clone()
+        log.info("resuming from %s at step %d (epoch %d, step group %d)", path, run.step, run.epoch,
+                 run.group_in_epoch)  # fmt: skip
+
+    def save(self, run: RunState, spread, optimizer, scheduler) -> Eagle3Drafter | None:
+        """Save a checkpoint; returns the gathered drafter it saved (rank 0; None elsewhere)."""
+        state = {  # collectives (seen, sharded optimizer state): every rank takes part
+            "fingerprint": self.fingerprint,
+            "step": run.step,
+            "epoch": run.epoch,
+            "group_in_epoch": run.group_in_epoch,
+            "tokens": run.tokens,
+            "seconds": run.seconds,
+            "optimizer": spread.optimizer_state(optimizer),
+            "scheduler": scheduler.state_dict(),
+            "rng": rng_state(),
+            "seen": distributed.all_reduce_sum(run.seen.clone(), self.world),
+            "log_rows": run.log_rows,
+            "epochs": run.epochs,
+            "best": run.best,
+        }
+        whole = spread.full_drafter()
+        if self.world.main:
+            save_checkpoint(self.dir, whole, self.extra_config, state)
+        distributed.barrier(self.world)
+        return whole
+
+    def keep_if_best(self, run: RunState, record: dict, whole: Eagle3Drafter) -> None:
+        """Rank 0: keep `whole` as the output's weights if this epoch's simulated tau is the best yet."""
+        if not run.best or record["simulated_tau"] > run.best["simulated_tau"]:
+            run.best = {
+                "epoch": record["epoch"],
+                "step": record["step"],
+                "simulated_tau": record["simulated_tau"],
+            }
+            whole.save_pretrained(self.best_dir, extra_config=self.extra_config)
+
+    def write_output(self, whole: Eagle3Drafter, stats: dict, best: bool) -> None:
+        """Rank 0, after the last `save`: the drafter at `out_dir` (atomic) with the last checkpoint's
+        train state; the best epoch's weights replace the last ones when `best`."""
+        with atomic_dir(self.out_dir) as tmp:
+            whole.save_pretrained(tmp, extra_config={**self.extra_config, "train_stats": stats})
+            if best:
+                shutil.copy(self.best_dir / "model.safetensors", tmp / "model.safetensors")
+            shutil.copy(self.dir / "train_state.pt", tmp / "train_state.pt")
+
+    def remove(self) -> None:
+        """Rank 0, once the output is written: it holds the same state."""
+        remove_checkpoint(self.dir)
+        shutil.rmtree(self.best_dir, ignore_errors=True)

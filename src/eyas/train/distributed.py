@@ -120,7 +120,7 @@ def torchrun_command(nproc: int, spec_path: str) -> list[str]:
         "--standalone",
         f"--nproc_per_node={nproc}",
         "-m",
-        "eyas.train.cli",
+        "eyas.train.job",
         spec_path,
     ]
 

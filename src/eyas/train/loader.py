@@ -1,12 +1,12 @@
 """Streaming batches of whole samples over (token shard, hidden store) pairs.
 
-Token shards are small (5 bytes/token) and are read whole to plan batches; hidden states are read
-lazily, sample by sample, by a few reader threads, each with its own open zarr stores (FACTS §2:
-open inside the worker); Blosc decoding releases the GIL, so the readers decode in parallel and
-batches still come out in plan order. Hidden states stay in the store's dtype (bf16: half the
-bytes to pin and copy) and take the compute dtype on the device (`Batch.to`). Batches are right-padded
-rows of single samples, so the drafter needs no attention mask. The plan of an epoch depends only
-on (seed, epoch): a resumed run skips batches without reading them.
+Token shards are small (5 bytes/token) and are read whole to plan batches; hidden states are read lazily,
+sample by sample, by a few reader threads, each with its own open zarr stores (opened inside the reader,
+never shared across a fork); Blosc decoding releases the GIL, so the readers decode in parallel and batches
+still come out in plan order. Hidden states stay in the store's dtype (bf16: half the bytes to pin and copy)
+and take the compute dtype on the device (`Batch.to`). Batches are right-padded rows of single samples, so
+the drafter needs no attention mask. The plan of an epoch depends only on (seed, epoch): a resumed run skips
+batches without reading them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Step k at index t predicts token t+2+k. Its teacher is the target distribution at index t+1+k
 (target lm_head of the stored final state there), restricted to the draft vocab. The position carries
 loss iff loss_mask[t+2+k] == 1, t+2+k lies inside the sample, and the target's greedy token at
-t+1+k (argmax over the FULL vocab) is in the draft vocab. Avoided peer bugs (FACTS §1): the mask is
+t+1+k (argmax over the FULL vocab) is in the draft vocab. Avoided peer bugs (SpecForge's issues): the mask is
 shifted together with the teacher (SpecForge #885), the loss is averaged over loss-carrying positions
 only, and the full-vocab logits are never materialised for a whole sequence (#580).
 """
@@ -94,7 +94,7 @@ def ttt_loss(
 
 
 def simulated_tau(conditional_acc: list[float]) -> float:
-    """Expected accepted length of a chain draft: 1 + sum_k prod_{j<=k} acc_j (FACTS §1)."""
+    """Expected accepted length of a chain draft: 1 + sum_k prod_{j<=k} acc_j."""
     tau, prod = 1.0, 1.0
     for acc in conditional_acc:
         prod *= acc

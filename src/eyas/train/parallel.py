@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from eyas.model.drafter import Eagle3Drafter
-from eyas.train import distributed as ddp
+from eyas.train import distributed
 from eyas.train.loader import Batch
 from eyas.train.loss import ttt_loss_chunked
 
@@ -68,9 +68,9 @@ class Replicated:
 
     runs_padding = False  # an empty micro-batch (None) is skipped: no collective waits on it
 
-    def __init__(self, drafter: Eagle3Drafter, world: ddp.World):
+    def __init__(self, drafter: Eagle3Drafter, world: distributed.World):
         self.drafter, self.world = drafter, world
-        ddp.broadcast_parameters(drafter, world)
+        distributed.broadcast_parameters(drafter, world)
         self.objective = Objective(drafter)
 
     def trainable(self) -> list[nn.Parameter]:
@@ -80,7 +80,7 @@ class Replicated:
         """Called before each backward of a step; `last_backward` marks the step's last one."""
 
     def sum_gradients(self) -> None:
-        ddp.sum_gradients(self.trainable(), self.world)
+        distributed.sum_gradients(self.trainable(), self.world)
 
     def clip_gradients(self, max_norm: float) -> float:
         """Clip to a global norm; returns the norm before clipping (the same on every rank)."""
@@ -106,7 +106,7 @@ class Sharded(Replicated):
 
     runs_padding = True  # every rank must join each forward/backward's all-gather and reduce-scatter
 
-    def __init__(self, drafter: Eagle3Drafter, world: ddp.World, device: torch.device):
+    def __init__(self, drafter: Eagle3Drafter, world: distributed.World, device: torch.device):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
@@ -163,7 +163,7 @@ class Sharded(Replicated):
 
 
 def spread_over_ranks(
-    drafter: Eagle3Drafter, mode: str, world: ddp.World, device: torch.device
+    drafter: Eagle3Drafter, mode: str, world: distributed.World, device: torch.device
 ) -> Replicated:
     """The drafter (already on `device`, weights final or loaded) spread over the ranks by `mode`."""
     if mode == "fsdp" and world.active:

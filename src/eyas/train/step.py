@@ -9,7 +9,7 @@ from contextlib import nullcontext
 import torch
 
 from eyas.model.drafter import mlp_recompute_needed
-from eyas.train import distributed as ddp
+from eyas.train import distributed
 from eyas.train.loss import step_counts, teacher_cache_fits, teacher_in_vocab
 from eyas.train.parallel import Replicated, padding_batch
 
@@ -38,7 +38,7 @@ def train_step(spread: Replicated, teacher: Teacher, micro, settings, amp, devic
     Every part's loss is normalised by the step's global count of loss-carrying positions, so the
     summed gradient is that of the whole global batch. Returns global metrics (no optimizer step).
     """
-    world: ddp.World = spread.world
+    world: distributed.World = spread.world
     config = spread.drafter.config
     steps = settings.ttt_steps
     autocast = (lambda: torch.autocast(device.type, dtype=amp)) if amp is not None else nullcontext
@@ -57,7 +57,7 @@ def train_step(spread: Replicated, teacher: Teacher, micro, settings, amp, devic
         in_vocab = teacher_in_vocab(batch.final, teacher.head, teacher.t2d)  # [B, T] bool
         counts += torch.tensor(step_counts(batch.loss_mask, batch.valid, in_vocab, steps))
         prepared.append((batch, in_vocab, True))
-    counts = ddp.all_reduce_sum(counts, world)  # global normalisers
+    counts = distributed.all_reduce_sum(counts, world)  # global normalisers
     # sums: loss, tokens, then per step correct, cond_count, cond_correct
     sums = torch.zeros(2 + 3 * steps, dtype=torch.float64)
     for i, (batch, in_vocab, real) in enumerate(prepared):
@@ -89,7 +89,7 @@ def train_step(spread: Replicated, teacher: Teacher, micro, settings, amp, devic
             part = [float(loss.detach()), batch.num_tokens, *m["correct"], *m["cond_count"]]
             sums += torch.tensor([*part, *m["cond_correct"]], dtype=torch.float64)
     spread.sum_gradients()
-    sums = ddp.all_reduce_sum(sums, world)
+    sums = distributed.all_reduce_sum(sums, world)
     correct, cond_count, cond_correct = sums[2:].view(3, steps)
     count = counts.tolist()
     return {

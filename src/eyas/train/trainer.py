@@ -1,55 +1,41 @@
 """Train an EAGLE-3 drafter on stored hidden states: AdamW, warmup + cosine, clipping, exact resume,
 data parallelism (`ddp` or `fsdp`: parallel.py), checkpoint choice by simulated tau on held-out stores.
 
-Checkpoints live in a sibling `<out_dir>-checkpoint/` (see `checkpoint.py`), outside Snakemake's output
-so a failed job's rerun resumes from it; it is used only if its fingerprint (settings that change the
-result + input identities) matches this run. Resume is exact: a run killed at any point and restarted
-writes the same log rows, bit for bit on CPU, as one that never stopped. With `select_by_tau`, the
-weights of the epoch with the best simulated tau on the held-out stores are the output; per-epoch
-metrics go to `epochs.csv` beside the log. The final drafter appears at `out_dir` atomically, the
-CSV log at `log_path` atomically; while training, rows are appended to `<log_path>.partial`.
+`train` reads top to bottom; its parts are components of their own: the run state and the
+`Checkpointer` (checkpoint.py: save, resume, best epoch, final output), the `TrainLog` (csvlog.py:
+log.csv and epochs.csv), the `OptimizerStep` below and the `EpochEnd` (validation.py: coverage check
+and held-out metrics). Resume is exact: a run killed at any point and restarted writes the same log
+rows, bit for bit on CPU, as one that never stopped.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import logging
 import math
 import os
-import shutil
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from eyas import target
-from eyas.atomic import atomic_dir, atomic_file
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
 from eyas.provenance import DRAFTER_PROVENANCE, sha256_file
-from eyas.store import ProvenanceError, check_provenance
+from eyas.store import STORE_IDENTITY, ProvenanceError, check_provenance
 from eyas.target import load_embed_and_head, load_target_tensor, read_config
-from eyas.train import distributed as ddp
-from eyas.train.checkpoint import (
-    checkpoint_dir,
-    fingerprint,
-    load_checkpoint,
-    remove_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from eyas.train import distributed
+from eyas.train.checkpoint import Checkpointer, RunState, fingerprint
+from eyas.train.csvlog import TrainLog
 from eyas.train.loader import PairedLoader
 from eyas.train.parallel import spread_over_ranks
 from eyas.train.step import Teacher, train_step
+from eyas.train.validation import EpochEnd, HeldoutMetrics
 from eyas.validate import check_manifests
 from eyas.vocab import load_draft_vocab
 
 log = logging.getLogger("eyas.train")
-
-STORE_IDENTITY = ("model_id", "model_hash", "layer_ids", "layer_id_convention", "hidden_size", "num_taps")
-EPOCH_COLUMNS = ("epoch", "step", "complete", "samples", "padded_microbatches", "simulated_tau")
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -70,7 +56,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def resolve_device(name: str, world: ddp.World | None = None) -> torch.device:
+def training_device(name: str, world: distributed.World | None = None) -> torch.device:
+    """The device this process trains on: `name` resolved (`target.resolve_device`); on CUDA, under
+    torchrun, the rank's own GPU."""
     device = torch.device(target.resolve_device(name))
     if device.type == "cuda" and world is not None and world.active:
         return torch.device("cuda", world.local_rank)
@@ -94,7 +82,7 @@ def resolve_amp(dtype: str, device: torch.device) -> torch.dtype | None:
 
 
 # --------------------------------------------------------------------------- setup
-def _check_inputs(loader: PairedLoader, hidden_stores: list[str], vocab_meta: dict, settings) -> dict:
+def _check_inputs(loader: PairedLoader, hidden_stores: list[str], vocab_meta: dict) -> dict:
     """Stores must agree with each other and with the draft vocab; returns the first store's attrs."""
     first = loader.store_attrs[0]
     for attrs, path in zip(loader.store_attrs[1:], hidden_stores[1:], strict=True):
@@ -107,11 +95,6 @@ def _check_inputs(loader: PairedLoader, hidden_stores: list[str], vocab_meta: di
         raise ProvenanceError(
             f"draft vocab: field 'tokenizer_hash' is {vocab_meta['tokenizer_hash']!r}, "
             f"the hidden stores have {first.get('tokenizer_hash')!r}"
-        )
-    if vocab_meta["draft_vocab_size"] != settings.draft_vocab_size:
-        raise ValueError(
-            f"draft vocab has {vocab_meta['draft_vocab_size']} entries, train.draft_vocab_size is "
-            f"{settings.draft_vocab_size}"
         )
     return first
 
@@ -160,21 +143,63 @@ def loader_readers(device: torch.device, threads: int | None) -> int:
     return max(1, min(4, (threads or os.cpu_count() or 2) // 2))
 
 
-def heldout_metrics(model, settings, heldout: dict, model_dir: str, expected: dict, device) -> dict:
-    """Offline metrics (evaluate/offline.py) of the current weights on the held-out stores."""
-    from eyas.evaluate.offline import evaluate_offline
-
-    metrics = evaluate_offline(
-        model,
-        heldout["token_shards"],
-        heldout["hidden_stores"],
-        model_dir,
-        ttt_steps=settings.ttt_steps,
-        expected_provenance=expected,
-        device=str(device),
+def make_loader(settings, token_shards, hidden_stores, expected_provenance, device, threads) -> PairedLoader:
+    """The streaming loader over the (token shard, hidden store) pairs, its readers sized to the device."""
+    return PairedLoader(
+        token_shards,
+        hidden_stores,
+        settings.token_budget,
+        settings.seed,
+        expected_provenance,
+        pin_memory=device.type == "cuda",
+        readers=loader_readers(device, threads),
     )
-    model.train()
-    return metrics
+
+
+def build_drafter(
+    settings, loader: PairedLoader, hidden_stores, vocab_path, model_dir, device, amp
+) -> tuple[Eagle3Drafter, Teacher, dict]:
+    """The drafter (on `device`, in train mode), the teacher head, and the stores' attrs."""
+    d2t, t2d, vocab_meta = load_draft_vocab(vocab_path)
+    attrs = _check_inputs(loader, hidden_stores, vocab_meta)
+    model, head = _build_model(model_dir, attrs, d2t, t2d, settings.seed, settings.init_head_from_target)
+    model.to(device).train()
+    teacher = Teacher(head, d2t, t2d, device, amp or torch.float32)
+    return model, teacher, attrs
+
+
+def total_steps(settings, loader: PairedLoader, world_size: int) -> int:
+    """Optimizer steps of the run: every epoch's step groups, capped by max_steps."""
+    per_epoch = [
+        len(distributed.step_groups(loader.plan(e), world_size, settings.grad_accum))
+        for e in range(settings.epochs)
+    ]
+    return sum(per_epoch) if settings.max_steps is None else min(settings.max_steps, sum(per_epoch))
+
+
+def optimizer_and_schedule(spread, settings, total: int):
+    """AdamW over the trainable weights and its warmup + cosine schedule over `total` steps."""
+    optimizer = torch.optim.AdamW(param_groups(spread.objective, settings.weight_decay), lr=settings.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, settings.warmup_steps, total)
+    )
+    return optimizer, scheduler
+
+
+def provenance(settings, loader: PairedLoader, attrs: dict, vocab_path: str, world) -> tuple[dict, str]:
+    """(what the drafter's config records of its inputs, the checkpoint fingerprint of this run)."""
+    vocab_hash = sha256_file(vocab_path)
+    extra = {k: attrs.get(k) for k in DRAFTER_PROVENANCE}
+    extra.update(
+        {
+            "draft_vocab_hash": vocab_hash,
+            "train_settings": dataclasses.asdict(settings),
+            "train_stores": stores_summary(loader.store_attrs),
+        }
+    )
+    stores = [a.get("tokens_checksum") for a in loader.store_attrs]
+    fp = fingerprint(settings, {"stores": stores, "vocab": vocab_hash, "world_size": world.size, **extra})
+    return extra, fp
 
 
 # --------------------------------------------------------------------------- training
@@ -190,254 +215,130 @@ def train(
     expected_provenance: dict,
     heldout: dict | None = None,
     manifests: list[str] | None = None,
+    threads: int | None = None,
 ) -> dict:
     """Train a drafter; write it to `out_dir`, the CSV log to `log_path` and per-epoch metrics to
     `epochs.csv` beside it. heldout: {"token_shards", "hidden_stores"} for checkpoint choice by
     simulated tau (required when settings.select_by_tau). `manifests` (the validate rule's, one per
-    store): each store must have a passing, current one. Returns run statistics (on every rank)."""
+    store): each store must have a passing, current one. `threads`: CPU threads of this process
+    (the rule's share per process). Returns run statistics (on every rank)."""
     if manifests is not None:
         check_manifests(hidden_stores, manifests)
-    world = ddp.current_world()
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
     if settings.select_by_tau and not heldout:
         raise ValueError("train.select_by_tau needs held-out stores (heldout=...)")
-    device = resolve_device(settings.device, world)
+    world = distributed.current_world()
+    if threads:
+        torch.set_num_threads(threads)
+    device = training_device(settings.device, world)
     amp = resolve_amp(settings.dtype, device)
-    accum = settings.grad_accum
-    loader = PairedLoader(
-        token_shards,
-        hidden_stores,
-        settings.token_budget,
-        settings.seed,
-        expected_provenance,
-        pin_memory=device.type == "cuda",
-        readers=loader_readers(device, settings.threads),
-    )
-    d2t, t2d, vocab_meta = load_draft_vocab(vocab_path)
-    attrs = _check_inputs(loader, hidden_stores, vocab_meta, settings)
-    model, head = _build_model(model_dir, attrs, d2t, t2d, settings.seed, settings.init_head_from_target)
-    model.to(device).train()
-    teacher = Teacher(head, d2t, t2d, device, amp or torch.float32)
-    del head
-    per_epoch = [len(ddp.step_groups(loader.plan(e), world.size, accum)) for e in range(settings.epochs)]
-    total = sum(per_epoch) if settings.max_steps is None else min(settings.max_steps, sum(per_epoch))
-    vocab_hash = sha256_file(vocab_path)
-    extra = {k: attrs.get(k) for k in DRAFTER_PROVENANCE}
-    extra.update(
-        {
-            "draft_vocab_hash": vocab_hash,
-            "train_settings": dataclasses.asdict(settings),
-            "train_stores": stores_summary(loader.store_attrs),
-        }
-    )
-    fp = fingerprint(
-        settings,
-        {
-            "stores": [a.get("tokens_checksum") for a in loader.store_attrs],
-            "vocab": vocab_hash,
-            "world_size": world.size,
-            **extra,
-        },
-    )
+    loader = make_loader(settings, token_shards, hidden_stores, expected_provenance, device, threads)
+    model, teacher, attrs = build_drafter(settings, loader, hidden_stores, vocab_path, model_dir, device, amp)
+    total = total_steps(settings, loader, world.size)
+    extra, fp = provenance(settings, loader, attrs, vocab_path, world)
 
-    ckpt = checkpoint_dir(out_dir)
-    best_dir = Path(out_dir).with_name(Path(out_dir).name + "-best")
-    step, epoch, in_epoch, seconds, rows, epochs = 0, 0, 0, 0.0, [], []
-    tokens = 0
-    seen = torch.zeros(len(loader.samples), dtype=torch.int32)  # per-sample uses this epoch (all ranks)
-    best: dict = {}
-    found = load_checkpoint(ckpt)
-    if found is not None and found[1]["fingerprint"] != fp:
-        log.warning("%s: checkpoint is from different settings or inputs; starting fresh", ckpt)
-        found = None
+    run = RunState(seen=torch.zeros(len(loader.samples), dtype=torch.int32))
+    checkpointer = Checkpointer(out_dir, fp, extra, world)
+    found = checkpointer.find()
     if found is not None:  # weights before they are spread over the ranks
-        model.load_state_dict(Eagle3Drafter.from_pretrained(found[0], map_location=device).state_dict())
+        checkpointer.load_weights(model, found, device)
     spread = spread_over_ranks(model, settings.parallel, world, device)
-    optimizer = torch.optim.AdamW(param_groups(spread.objective, settings.weight_decay), lr=settings.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, settings.warmup_steps, total)
-    )
+    optimizer, scheduler = optimizer_and_schedule(spread, settings, total)
     if found is not None:
-        path, state = found
-        spread.load_optimizer_state(optimizer, state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        step, epoch, in_epoch = state["step"], state["epoch"], state["group_in_epoch"]
-        tokens, seconds, rows, epochs = state["tokens"], state["seconds"], state["log_rows"], state["epochs"]
-        best = state["best"]
-        if world.main:  # the checkpoint holds the all-rank count; other ranks add their own from here
-            seen = state["seen"].clone()
-        log.info("resuming from %s at step %d (epoch %d, step group %d)", path, step, epoch, in_epoch)
-    resumed_from = step
-
-    columns = [
-        "step",
-        "epoch",
-        "lr",
-        "loss",
-        *(f"acc_{k}" for k in range(settings.ttt_steps)),
-        "tokens",
-        "grad_norm",
-    ]
-    partial = Path(str(log_path) + ".partial")
-    if world.main:
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        with open(partial, "w", newline="") as fh:
-            csv.writer(fh).writerows([columns, *rows])
-
-    def snapshot() -> dict:
-        return {
-            "fingerprint": fp,
-            "step": step,
-            "epoch": epoch,
-            "group_in_epoch": in_epoch,
-            "tokens": tokens,
-            "seconds": seconds,
-            "optimizer": spread.optimizer_state(optimizer),
-            "scheduler": scheduler.state_dict(),
-            "rng": rng_state(),
-            "seen": ddp.all_reduce_sum(seen.clone(), world),
-            "log_rows": rows,
-            "epochs": epochs,
-            "best": best,
-        }
-
-    def checkpoint_now() -> Eagle3Drafter | None:
-        """Save a checkpoint; returns the gathered drafter it saved (rank 0; None elsewhere)."""
-        state = snapshot()  # collectives (seen, sharded optimizer state): every rank takes part
-        whole = spread.full_drafter()
-        if world.main:
-            save_checkpoint(ckpt, whole, extra, state)
-        ddp.barrier(world)
-        return whole
-
-    def finish_epoch(complete: bool) -> None:
-        """Coverage check (every sample exactly once per complete epoch), held-out tau, best weights."""
-        nonlocal seen, best
-        counts = ddp.all_reduce_sum(seen.clone(), world)
-        record = {
-            "epoch": epoch,
-            "step": step,
-            "complete": complete,
-            "samples": int((counts > 0).sum()),
-            "padded_microbatches": ddp.padded_slots(len(loader.plan(epoch)), world.size, accum),
-        }
-        if complete and not bool((counts == 1).all()):
-            raise RuntimeError(
-                f"epoch {epoch}: {int((counts == 0).sum())} samples unseen, "
-                f"{int((counts > 1).sum())} seen more than once"
-            )
-        if settings.select_by_tau:
-            whole = spread.full_drafter()
-            if world.main:
-                metrics = heldout_metrics(whole, settings, heldout, model_dir, expected_provenance, device)
-                record["simulated_tau"] = metrics["simulated_tau"]
-                record["conditional_accuracy"] = metrics["conditional_accuracy"]
-                record["accuracy"] = metrics["accuracy"]
-                if not best or record["simulated_tau"] > best["simulated_tau"]:
-                    best = {"epoch": epoch, "step": step, "simulated_tau": record["simulated_tau"]}
-                    whole.save_pretrained(best_dir, extra_config=extra)
-                log.info("epoch %d: held-out simulated tau %.4f", epoch, record["simulated_tau"])
-            ddp.barrier(world)
-        epochs.append(record)
-        seen = torch.zeros_like(seen)
-
-    from tqdm import tqdm
-
-    bar = tqdm(
-        total=total, initial=step, disable=not (settings.progress and world.main), desc="train", unit="step"
-    )
+        checkpointer.restore(found, run, spread, optimizer, scheduler)
+    resumed_from = run.step
+    heldout_metrics = None
+    if settings.select_by_tau:
+        heldout_metrics = HeldoutMetrics(heldout, model_dir, expected_provenance, settings.ttt_steps, device)
+    end_epoch = EpochEnd(spread, checkpointer, heldout_metrics)
+    train_log = TrainLog(log_path, settings.ttt_steps, world.main)
+    train_log.start(run.log_rows)
+    step = OptimizerStep(spread, teacher, optimizer, scheduler, settings, amp, device, train_log)
+    show = settings.progress and world.main
+    bar = tqdm(total=total, initial=run.step, disable=not show, desc="train", unit="step")
     metrics: dict = {"acc": [], "loss": None}
-    log_fh = open(partial, "a", newline="") if world.main else None  # noqa: SIM115 - closed below
-    writer = csv.writer(log_fh) if log_fh else None
     try:
-        while step < total and epoch < settings.epochs:
-            groups = ddp.step_groups(loader.plan(epoch), world.size, accum)
-            mine = [ddp.rank_share(g, world.rank, accum) for g in groups]
-            batches = loader.batches([mb for share in mine[in_epoch:] for mb in share])
+        while run.step < total and run.epoch < settings.epochs:
+            groups = distributed.step_groups(loader.plan(run.epoch), world.size, settings.grad_accum)
+            mine = [distributed.rank_share(g, world.rank, settings.grad_accum) for g in groups]
+            batches = loader.batches([mb for share in mine[run.group_in_epoch :] for mb in share])
             stopped = False
-            for g in range(in_epoch, len(groups)):
-                started = time.perf_counter()
-                micro = [next(batches) for _ in range(accum)]
-                lr = optimizer.param_groups[0]["lr"]
-                optimizer.zero_grad(set_to_none=True)
-                metrics = train_step(spread, teacher, micro, settings, amp, device)
-                grad_norm = spread.clip_gradients(settings.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                for rows_of_batch in mine[g]:
-                    if rows_of_batch is not None:
-                        seen[torch.as_tensor(rows_of_batch)] += 1
-                step, in_epoch = step + 1, g + 1
-                tokens += metrics["tokens"]
-                seconds += time.perf_counter() - started
-                row = [step, epoch, lr, metrics["loss"], *metrics["acc"], tokens, grad_norm]
-                rows.append(row)
-                if writer:
-                    writer.writerow(row)
-                    log_fh.flush()
+            for g in range(run.group_in_epoch, len(groups)):
+                metrics = step(run, batches, mine[g])
                 bar.update(1)
-                bar.set_postfix(loss=f"{row[3]:.3f}", acc0=f"{metrics['acc'][0]:.3f}")
-                _after_step(step)
-                if step >= total:
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['acc'][0]:.3f}")
+                if run.step >= total:
                     stopped = g + 1 < len(groups)
                     break
-                if settings.checkpoint_every and step % settings.checkpoint_every == 0:
-                    checkpoint_now()
+                if settings.checkpoint_every and run.step % settings.checkpoint_every == 0:
+                    checkpointer.save(run, spread, optimizer, scheduler)
             batches.close()
-            finish_epoch(complete=not stopped)
+            end_epoch(run, complete=not stopped, padded=padded_slots(loader, run.epoch, world.size, settings))
             if stopped:
                 break
-            epoch, in_epoch = epoch + 1, 0
+            run.epoch, run.group_in_epoch = run.epoch + 1, 0
     finally:
         bar.close()
-        if log_fh:
-            log_fh.close()
+        train_log.close()
 
-    stats = {
-        "steps": step,
-        "resumed_from_step": resumed_from,
-        "world_size": world.size,
-        "grad_accum": accum,
-        "tokens": tokens,
-        "final_loss": rows[-1][3] if rows else None,
-        "final_acc": list(metrics["acc"]),
-        "seconds": seconds,
-        "tokens_per_s": tokens / seconds if seconds else 0.0,
-        "epochs": epochs,
-        "padded_microbatches": sum(e["padded_microbatches"] for e in epochs),
-        "selected": best or None,
-    }
-    whole = checkpoint_now()  # the final weights, gathered once for the checkpoint and the output
+    stats = run_stats(run, resumed_from, world.size, settings.grad_accum, metrics)
+    whole = checkpointer.save(run, spread, optimizer, scheduler)  # final weights, gathered once
     if world.main:
-        source = best_dir if best else None
-        with atomic_dir(out_dir) as tmp:
-            whole.save_pretrained(tmp, extra_config={**extra, "train_stats": stats})
-            if source is not None:  # the chosen epoch's weights replace the last ones
-                shutil.copy(source / "model.safetensors", tmp / "model.safetensors")
-            shutil.copy(ckpt / "train_state.pt", tmp / "train_state.pt")
-        with atomic_file(log_path) as fh:
-            csv.writer(fh).writerows([columns, *rows])
-        _write_epochs(Path(log_path).with_name("epochs.csv"), epochs, settings.ttt_steps)
-        partial.unlink(missing_ok=True)
-        remove_checkpoint(ckpt)  # the final dir holds the same state
-        shutil.rmtree(best_dir, ignore_errors=True)
-    ddp.barrier(world)
+        checkpointer.write_output(whole, stats, best=bool(run.best))
+        train_log.finish(run.log_rows, run.epochs)
+        checkpointer.remove()
+    distributed.barrier(world)
     return stats
 
 
-def _write_epochs(path: Path, epochs: list[dict], steps: int) -> None:
-    """One row per finished epoch: coverage, padding and held-out metrics (empty when not measured)."""
-    columns = [*EPOCH_COLUMNS, *(f"cond_acc_{k}" for k in range(steps)), *(f"acc_{k}" for k in range(steps))]
-    with atomic_file(path) as fh:
-        out = csv.writer(fh)
-        out.writerow(columns)
-        for e in epochs:
-            cond = e.get("conditional_accuracy") or [None] * steps
-            acc = e.get("accuracy") or [None] * steps
-            out.writerow([*(e.get(c) for c in EPOCH_COLUMNS), *cond, *acc])
+def padded_slots(loader: PairedLoader, epoch: int, world_size: int, settings) -> int:
+    """Empty micro-batch slots of an epoch (its batches do not fill every rank's last step group)."""
+    return distributed.padded_slots(len(loader.plan(epoch)), world_size, settings.grad_accum)
 
 
-def _after_step(step: int) -> None:
-    """Hook called after every optimizer step (tests use it to simulate a crash)."""
+class OptimizerStep:
+    """One optimizer step: forward/backward of this rank's micro-batches (`step.train_step`), clipping,
+    AdamW and schedule steps; it advances the run state and logs the step's row."""
+
+    def __init__(self, spread, teacher: Teacher, optimizer, scheduler, settings, amp, device, log: TrainLog):
+        self.spread, self.teacher, self.optimizer, self.scheduler = spread, teacher, optimizer, scheduler
+        self.settings, self.amp, self.device, self.log = settings, amp, device, log
+
+    def __call__(self, run: RunState, batches, share: list) -> dict:
+        """Draw this rank's grad_accum micro-batches from `batches` (its `share` of the step group:
+        sample rows per micro-batch, None for an empty slot). Returns the step's global metrics."""
+        started = time.perf_counter()
+        micro = [next(batches) for _ in range(self.settings.grad_accum)]
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = train_step(self.spread, self.teacher, micro, self.settings, self.amp, self.device)
+        grad_norm = self.spread.clip_gradients(self.settings.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        for rows_of_batch in share:
+            if rows_of_batch is not None:
+                run.seen[torch.as_tensor(rows_of_batch)] += 1
+        run.step, run.group_in_epoch = run.step + 1, run.group_in_epoch + 1
+        run.tokens += metrics["tokens"]
+        run.seconds += time.perf_counter() - started
+        row = [run.step, run.epoch, lr, metrics["loss"], *metrics["acc"], run.tokens, grad_norm]
+        run.log_rows.append(row)
+        self.log.append(row)
+        return metrics
+
+
+def run_stats(run: RunState, resumed_from: int, world_size: int, grad_accum: int, metrics: dict) -> dict:
+    """What `train` returns (and the drafter's config records as `train_stats`)."""
+    return {
+        "steps": run.step,
+        "resumed_from_step": resumed_from,
+        "world_size": world_size,
+        "grad_accum": grad_accum,
+        "tokens": run.tokens,
+        "final_loss": run.log_rows[-1][3] if run.log_rows else None,
+        "final_acc": list(metrics["acc"]),
+        "seconds": run.seconds,
+        "tokens_per_s": run.tokens / run.seconds if run.seconds else 0.0,
+        "epochs": run.epochs,
+        "padded_microbatches": sum(e["padded_microbatches"] for e in run.epochs),
+        "selected": run.best or None,
+    }

@@ -1,4 +1,4 @@
-"""Run training from a JSON spec: in this process, or as `torchrun ... -m eyas.train.cli SPEC` ranks.
+"""Run training from a JSON spec: in this process, or as `torchrun ... -m eyas.train.job SPEC` ranks.
 
 spec = {"settings": TrainSettings fields, "inputs": keyword arguments of `trainer.train`,
 "stats_path": where rank 0 writes the returned statistics (JSON)}.
@@ -17,11 +17,11 @@ from eyas.config import TrainSettings
 
 def run(spec: dict) -> dict:
     """Train in this process (joining torchrun's process group when launched by it)."""
-    from eyas.train import distributed as ddp
+    from eyas.train import distributed
     from eyas.train.trainer import train
 
     settings = TrainSettings(**spec["settings"])
-    world = ddp.init_from_env("cuda" if settings.device == "cuda" else "cpu")
+    world = distributed.init_from_env("cuda" if settings.device == "cuda" else "cpu")
     try:
         stats = train(settings, **spec["inputs"])
         if world.main and spec.get("stats_path"):

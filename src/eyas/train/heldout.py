@@ -1,4 +1,7 @@
-"""Offline drafter metrics on held-out hidden stores: per-step and conditional accuracy, simulated tau.
+"""Held-out drafter metrics on hidden stores: per-step and conditional accuracy, simulated tau.
+
+Training chooses its best epoch by them (validation.py); the evaluate stage reports them as the
+"offline" metrics of every drafter.
 
 The drafter runs its training-time test (`ttt_forward`, no grad) over whole held-out samples and the
 metrics come from the training loss module (`eyas.train.loss.ttt_loss`), so offline numbers use exactly

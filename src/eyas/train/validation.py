@@ -1,0 +1,75 @@
+"""The end of an epoch: the coverage check (every sample exactly once per complete epoch) and, with
+`select_by_tau`, the held-out metrics of the weights, whose best epoch the checkpointer keeps."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from eyas.train import distributed
+from eyas.train.checkpoint import Checkpointer, RunState
+from eyas.train.heldout import evaluate_offline
+
+log = logging.getLogger("eyas.train")
+
+
+class HeldoutMetrics:
+    """Offline metrics (simulated tau, per-step accuracy) of given weights on the held-out stores."""
+
+    def __init__(self, heldout: dict, model_dir: str, expected: dict, ttt_steps: int, device):
+        self.heldout = heldout
+        self.model_dir = model_dir
+        self.expected = expected
+        self.ttt_steps = ttt_steps
+        self.device = device
+
+    def __call__(self, model) -> dict:
+        metrics = evaluate_offline(
+            model,
+            self.heldout["token_shards"],
+            self.heldout["hidden_stores"],
+            self.model_dir,
+            ttt_steps=self.ttt_steps,
+            expected_provenance=self.expected,
+            device=str(self.device),
+        )
+        model.train()
+        return metrics
+
+
+class EpochEnd:
+    """Closes an epoch: records it in `run.epochs` (collective: every rank calls it)."""
+
+    def __init__(self, spread, checkpointer: Checkpointer, heldout: HeldoutMetrics | None):
+        self.spread, self.checkpointer, self.heldout = spread, checkpointer, heldout
+
+    def __call__(self, run: RunState, complete: bool, padded: int) -> None:
+        """`complete`: epoch `run.epoch` ran to its end (not cut by max_steps), so every sample must
+        have been seen exactly once over all ranks. `padded`: its empty micro-batch slots."""
+        world = self.spread.world
+        counts = distributed.all_reduce_sum(run.seen.clone(), world)
+        record = {
+            "epoch": run.epoch,
+            "step": run.step,
+            "complete": complete,
+            "samples": int((counts > 0).sum()),
+            "padded_microbatches": padded,
+        }
+        if complete and not bool((counts == 1).all()):
+            raise RuntimeError(
+                f"epoch {run.epoch}: {int((counts == 0).sum())} samples unseen, "
+                f"{int((counts > 1).sum())} seen more than once"
+            )
+        if self.heldout is not None:
+            whole = self.spread.full_drafter()
+            if world.main:
+                metrics = self.heldout(whole)
+                record["simulated_tau"] = metrics["simulated_tau"]
+                record["conditional_accuracy"] = metrics["conditional_accuracy"]
+                record["accuracy"] = metrics["accuracy"]
+                self.checkpointer.keep_if_best(run, record, whole)
+                log.info("epoch %d: held-out simulated tau %.4f", run.epoch, record["simulated_tau"])
+            distributed.barrier(world)
+        run.epochs.append(record)
+        run.seen = torch.zeros_like(run.seen)
