@@ -177,3 +177,25 @@ def test_eyas_targets_mask_puts_specforge_loss_on_eyas_positions(tmp_path, store
         # SpecForge gates step k at t on written[t+k]; eyas on mask[t+2+k]: equal for every t, k
         for t in range(len(ids)):
             assert written[t] == (mask[t + 2] if t + 2 < len(ids) else 0)
+
+
+def test_specforge_own_reader_accepts_the_export(tmp_path, stores):
+    """Where specforge 0.2.0 is importable (the GPU image, installed --no-deps): its own offline reader
+    and EAGLE3 normalizer take every exported file, and its target-head shift lines ids up as documented."""
+    reader = pytest.importorskip("specforge.runtime.data_plane.offline_reader")
+    from specforge.algorithms.eagle3.data import normalize_offline_sample
+    from specforge.runtime.data_plane.feature_store import load_feature_file
+    from specforge.utils import padding
+
+    out = tmp_path / "sf"
+    sfe.export_specforge(stores, out)
+    files = reader.list_feature_files(str(out))
+    assert len(files) == 7
+    for path in files:
+        reader._inspect_feature_file(path, reader._OFFLINE_EAGLE3_KEYS)
+        raw = load_feature_file(path)
+        sample = normalize_offline_sample(raw, max_len=2048)
+        length = raw["input_ids"].numel()
+        assert sample["hidden_state"].shape == (1, length, TAPS * HIDDEN)
+        assert sample["target"].shape == (1, length, HIDDEN)
+        assert torch.equal(padding(sample["input_ids"], left=False)[0, :-1], raw["input_ids"][1:])
