@@ -13,8 +13,8 @@ trainer shifts by itself. `specforge/algorithms/eagle3/data.py` (`normalize_offl
 to max_len and zeroes `loss_mask[-1]`; `specforge/modeling/target/target_head.py` (`TargetHead.preprocess`)
 shifts `input_ids` and `hidden_state` left by one (`specforge/utils.py`, `padding(left=False)`), and
 `specforge/algorithms/eagle3/model.py` shifts `loss_mask` left by one more per TTT step. So SpecForge's
-step k at index t consumes a_t and the embedding of x_{t+1+k}, is taught by lm_head(f_{t+1+k}) to predict
-x_{t+2+k}, exactly as eyas (docs/design.md, drafter data alignment), but carries loss iff
+step k at index t consumes a_t (step 0) and the embedding of x_{t+1+k}, is taught by lm_head(f_{t+1+k})
+to predict x_{t+2+k}, exactly as eyas (docs/design.md, drafter data alignment), but carries loss iff
 `loss_mask[t+k] == 1`, where eyas asks `loss_mask[t+2+k] == 1`.
 `loss_mask` choices:
   - `assistant` (default): eyas's mask as is, 1 on assistant tokens; that is the mask SpecForge's own
