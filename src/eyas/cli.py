@@ -23,7 +23,33 @@ def main(argv: list[str] | None = None) -> int:
     imp.add_argument(
         "--layer-ids", default=None, help="drafter tap ids, e.g. 1,15,28 (default [1, L//2-1, L-4])"
     )
+    exp = commands.add_parser(
+        "export-specforge",
+        help="write eyas stores as a SpecForge offline dump (rows_*/data_*.ckpt) for SpecForge's trainer",
+    )
+    exp.add_argument("stores", help="results root holding tokens/{split}/ and hidden/{split}/")
+    exp.add_argument("out", help="output dir (replaced atomically): rows_*/data_*.ckpt + eyas-export.json")
+    exp.add_argument("--split", default="train", choices=("train", "eval"))
+    exp.add_argument("--file-group-size", type=int, default=2000, help="samples per rows_* folder")
+    exp.add_argument(
+        "--loss-mask",
+        default="assistant",
+        choices=("assistant", "eyas-targets"),
+        help="assistant: eyas's mask as is (SpecForge's own convention); eyas-targets: shifted by two so "
+        "SpecForge's loss positions equal eyas's (src/eyas/specforge_export.py)",
+    )
     args = parser.parse_args(argv)
+    if args.command == "export-specforge":
+        from eyas.specforge_export import export_specforge
+
+        manifest = export_specforge(
+            args.stores, args.out, split=args.split, file_group_size=args.file_group_size,
+            loss_mask=args.loss_mask,
+        )  # fmt: skip
+        summary = {key: manifest[key] for key in ("count", "tokens", "loss_mask", "split")}
+        json.dump({**summary, "out": args.out}, sys.stdout, indent=1)
+        print()
+        return 0
 
     from eyas.specforge_import import import_specforge
 
