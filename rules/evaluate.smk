@@ -40,7 +40,7 @@ rule specdec:
         mem_mb=4000,  # fp32 target + drafters + KV caches; default job: max RSS 1.3 GB per set
         runtime=60,  # minutes; the default job's sets take 3-4 min each on 1 CPU core
     params:
-        settings=vars(EYAS.evaluate) | {"baselines": None, "sets": None},
+        settings=dataclasses.asdict(EYAS.evaluate),
         set_format=eval_set_format,
         baseline_names=[b.name for b in EYAS.evaluate.baselines],
         trust_remote_code=EYAS.model.trust_remote_code,
@@ -107,7 +107,7 @@ rule evaluate:
         mem_mb=3000,  # offline metrics over the held-out stores: 1.3 GB max RSS in the default job
         runtime=60,  # minutes; 31 s in the default job (merge + offline metrics of 2 drafters)
     params:
-        settings=vars(EYAS.evaluate) | {"baselines": None, "sets": None},
+        settings=dataclasses.asdict(EYAS.evaluate),
         set_names=EYAS.evaluate.set_names if uses_hf_evaluation() else [],
         baseline_names=[b.name for b in EYAS.evaluate.baselines],
         ttt_steps=EYAS.train.ttt_steps,

@@ -3,6 +3,7 @@ JSONs (scripts/specdec.py) into summary.json and the acceptance plot."""
 
 import json
 
+from eyas.config import EvaluateSettings, stage_settings
 from eyas.evaluate.stage import baseline_dirs, run_evaluation
 from eyas.logs import setup_stage_logging
 from eyas.store import shard_paths
@@ -17,7 +18,7 @@ summary = run_evaluation(
     model_dir=sm.input.model,
     out_summary=sm.output.summary,
     out_plot=sm.output.plot,
-    settings=sm.params.settings,
+    settings=stage_settings(EvaluateSettings, sm.params.settings),
     ttt_steps=sm.params.ttt_steps,
     baselines=baseline_dirs(sm.params.baseline_names, sm.input.baselines),
     threads=sm.threads,

@@ -1,5 +1,6 @@
 """Real speculative decoding of the trained drafter and baselines on one evaluation set (wildcard `set`)."""
 
+from eyas.config import EvaluateSettings, stage_settings
 from eyas.evaluate.stage import baseline_dirs, run_specdec_set
 from eyas.logs import setup_stage_logging
 
@@ -12,7 +13,7 @@ result = run_specdec_set(
     drafter_dir=sm.input.drafter,
     model_dir=sm.input.model,
     out_json=sm.output.json,
-    settings=sm.params.settings,
+    settings=stage_settings(EvaluateSettings, sm.params.settings),
     baselines=baseline_dirs(sm.params.baseline_names, sm.input.baselines),
     threads=sm.threads,
     trust_remote_code=sm.params.trust_remote_code,

@@ -4,12 +4,14 @@ refused naming the file and the field (tiny random target, CPU)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from eyas.config import EvaluateSettings
 from eyas.evaluate.stage import _load_baseline
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
 from eyas.target import read_config
@@ -35,7 +37,7 @@ def test_baseline_provenance_is_checked(tmp_path, tiny_model_dir):
 
 
 # --------------------------------------------------------------------------- per-set jobs and the merge
-SETTINGS = {"num_prompts": 2, "max_new_tokens": 4, "num_draft_tokens": 2, "device": "cpu", "temperature": 0.0}
+SETTINGS = EvaluateSettings(num_prompts=2, max_new_tokens=4, num_draft_tokens=[2], device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +143,14 @@ def test_merge_refuses_a_set_made_with_another_drafter_or_settings(specdec_run, 
     with pytest.raises(ValueError, match=r"heldout\.json: field 'identity\.drafter_sha256'"):
         merge(tmp_path, str(tmp_path / "retrained"), paths, stores, tiny_model_dir)
     with pytest.raises(ValueError, match=r"heldout\.json: field 'settings\.max_new_tokens' is 4.* 5"):
-        merge(tmp_path, specdec_run[1], paths, stores, tiny_model_dir, {**SETTINGS, "max_new_tokens": 5})
+        merge(
+            tmp_path,
+            specdec_run[1],
+            paths,
+            stores,
+            tiny_model_dir,
+            dataclasses.replace(SETTINGS, max_new_tokens=5),
+        )
     swapped = {"heldout": paths["humaneval"], "humaneval": paths["heldout"]}
     with pytest.raises(ValueError, match=r"humaneval\.json: field 'set' is 'humaneval', expected 'heldout'"):
         merge(tmp_path, specdec_run[1], swapped, stores, tiny_model_dir)

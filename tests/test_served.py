@@ -5,12 +5,14 @@ acceptance by position and greedy equality; the served section of summary.json; 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from safetensors.torch import save_file
 from test_drafter import tiny_config  # tests/ is on sys.path (rootdir conftest, no package)
 
+from eyas.config import EvaluateSettings
 from eyas.evaluate.report import plot_tau, tau_table
 from eyas.evaluate.served import (
     SERVED_FORMAT,
@@ -171,12 +173,12 @@ def test_summary_from_served_figures_alone_and_beside_hf(tmp_path):
 def test_merge_refuses_a_served_result_of_other_settings_or_drafters(tmp_path):
     path = tmp_path / "served.json"
     path.write_text(json.dumps(served_result()))
-    settings = {"num_prompts": 2, "max_new_tokens": 16, "num_draft_tokens": [3, 4], "concurrency": 8}
+    settings = EvaluateSettings(backend="sglang", num_prompts=2, max_new_tokens=16, num_draft_tokens=[3, 4])
     assert read_served(str(path), settings, {"drafter_sha256": "abc"})["sglang_version"] == "0.5.17"
     with pytest.raises(ValueError, match=r"served.json: field 'settings.num_draft_tokens' is \[3, 4\]"):
-        read_served(str(path), settings | {"num_draft_tokens": [3, 4, 5]}, {"drafter_sha256": "abc"})
+        read_served(str(path), replace(settings, num_draft_tokens=[3, 4, 5]), {"drafter_sha256": "abc"})
     with pytest.raises(ValueError, match="field 'settings.concurrency'"):
-        read_served(str(path), settings | {"concurrency": 1}, {"drafter_sha256": "abc"})
+        read_served(str(path), replace(settings, concurrency=1), {"drafter_sha256": "abc"})
     with pytest.raises(ValueError, match="field 'identity.drafter_sha256'"):
         read_served(str(path), settings, {"drafter_sha256": "def"})
 

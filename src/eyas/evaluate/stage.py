@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from eyas.atomic import atomic_file
+from eyas.config import EvaluateSettings
 from eyas.evaluate.served import SERVED_FORMAT, specdec_view
 from eyas.evaluate.sets import load_prompt_set
 from eyas.evaluate.specdec import evaluate_specdec
@@ -39,14 +40,11 @@ UNTRAINED_SEED = 0
 SPECDEC_SETTINGS = ("num_prompts", "max_new_tokens", "num_draft_tokens", "temperature", "seed")
 
 
-def specdec_settings(settings: dict) -> dict:
-    """The `SPECDEC_SETTINGS` of an `evaluate` config section (temperature 0 and seed 0 if unset)."""
-    chosen = {"temperature": 0.0, "seed": 0} | {
-        key: settings[key] for key in SPECDEC_SETTINGS if key in settings
-    }
-    if isinstance(chosen.get("num_draft_tokens"), list):  # the k sweep: the HF loop decodes the first k
-        chosen["num_draft_tokens"] = chosen["num_draft_tokens"][0]
-    return chosen
+def specdec_settings(settings: EvaluateSettings) -> dict:
+    """The `SPECDEC_SETTINGS` of the `evaluate` section, as a per-set JSON records them: the HF loop
+    decodes the first k of the sweep."""
+    chosen = {key: getattr(settings, key) for key in SPECDEC_SETTINGS}
+    return chosen | {"num_draft_tokens": settings.num_draft_tokens[0]}
 
 
 def untrained_like(drafter: Eagle3Drafter, model_dir: str | os.PathLike, seed: int = 0) -> Eagle3Drafter:
@@ -107,7 +105,7 @@ def run_specdec_set(
     set_format: str | None = None,
     model_dir: str,
     out_json: str,
-    settings: dict,
+    settings: EvaluateSettings,
     baselines: list[dict] | None = None,
     threads: int | None = None,
     trust_remote_code: bool = False,
@@ -116,7 +114,7 @@ def run_specdec_set(
     by all drafters); writes `out_json` atomically and returns its dict."""
     if threads:
         torch.set_num_threads(threads)
-    device = resolve_device(settings["device"])
+    device = resolve_device(settings.device)
     chosen = specdec_settings(settings)
     drafters, _, identity = load_drafters(drafter_dir, model_dir, baselines)
     config = drafters["trained"].config
@@ -250,7 +248,7 @@ def run_served(
         "format": SERVED_FORMAT,
         "sglang_version": sglang.__version__,
         "engine_args": {k: v for k, v in base.items() if k != "model_path"},
-        "settings": specdec_settings(vars(settings))
+        "settings": specdec_settings(settings)
         | {"num_draft_tokens": ks, "concurrency": settings.concurrency},
         "identity": identity,
         "meta": {name: s.meta() for name, s in prompt_sets.items()},
@@ -260,7 +258,7 @@ def run_served(
     return result
 
 
-def read_specdec_set(path: str, set_name: str, settings: dict, identity: dict) -> dict:
+def read_specdec_set(path: str, set_name: str, settings: EvaluateSettings, identity: dict) -> dict:
     """A per-set JSON, refused (naming the file and the field) unless it was made for `set_name` with
     these drafters (`identity` of `load_drafters`) and these settings."""
     data = json.loads(Path(path).read_text())
@@ -288,7 +286,7 @@ def run_evaluation(
     model_dir: str,
     out_summary: str,
     out_plot: str,
-    settings: dict,
+    settings: EvaluateSettings,
     ttt_steps: int,
     baselines: list[dict] | None = None,
     threads: int | None = None,
@@ -299,7 +297,7 @@ def run_evaluation(
     backend) or None; `baselines` are [{name, path}] drafter dirs beside the trained and untrained."""
     if threads:
         torch.set_num_threads(threads)
-    device = resolve_device(settings["device"])
+    device = resolve_device(settings.device)
     drafters, expected, identity = load_drafters(drafter_dir, model_dir, baselines)
     sets = {name: read_specdec_set(path, name, settings, identity) for name, path in specdec_paths.items()}
     served = read_served(served_path, settings, identity) if served_path else None
@@ -344,15 +342,15 @@ def run_evaluation(
     return write_summary(out_summary, out_plot, offline=offline, specdec=specdec, meta=meta, served=served)
 
 
-def read_served(path: str, settings: dict, identity: dict) -> dict:
+def read_served(path: str, settings: EvaluateSettings, identity: dict) -> dict:
     """`run_served`'s JSON, refused (naming the file and field) unless made with these drafters and
     these settings (the k list and concurrency included)."""
     data = json.loads(Path(path).read_text())
     if data.get("format") != SERVED_FORMAT:
         raise ValueError(f"{path}: field 'format' is {data.get('format')!r}, expected {SERVED_FORMAT!r}")
     want_settings = specdec_settings(settings) | {
-        "num_draft_tokens": list(settings["num_draft_tokens"]),
-        "concurrency": settings["concurrency"],
+        "num_draft_tokens": list(settings.num_draft_tokens),
+        "concurrency": settings.concurrency,
     }
     for section, want in (("identity", identity), ("settings", want_settings)):
         have = data.get(section) or {}
