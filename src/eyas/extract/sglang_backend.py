@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from eyas.atomic import atomic_file
+from eyas.config import SglangSettings, stage_settings
 from eyas.extract.job import (
     default_writer_threads,
     open_job,
@@ -41,7 +42,7 @@ from eyas.extract.staging import PinnedPool, stage_batch
 from eyas.extract.writer import BatchWriter, empty_rows
 from eyas.layer_ids import sglang_layer_ids, text_model_type
 from eyas.quant import check_storage
-from eyas.sglang_engine import check_tested, server_arg_names, user_engine_args
+from eyas.sglang_engine import base_engine_args, check_tested, server_arg_names, user_engine_args
 from eyas.store import CHUNK_TOKENS, hidden_store_writer, read_token_shard
 
 BUILTIN_CAPTURE_FROM = (0, 5, 22)  # `enable_return_aux_hidden_states` (capture-only mode) exists
@@ -341,22 +342,14 @@ def engine_args(
     trust: bool,
     known: set[str] | None = None,
 ) -> dict:
-    args = {
-        "model_path": os.fspath(model_dir),
-        "tp_size": settings["tp_size"],
-        "mem_fraction_static": settings["mem_fraction_static"],
-        "chunked_prefill_size": settings["chunked_prefill_size"],
+    """The capture engine's args: every engine's (`sglang_engine.base_engine_args`, from the
+    `extract.sglang` section as plain values) plus what capture needs."""
+    typed = stage_settings(SglangSettings, settings)
+    args = base_engine_args(typed, model_dir, dtype, trust) | {
         "disable_radix_cache": True,  # a cached prefix is never computed, so never captured
-        "skip_tokenizer_init": True,  # requests are token ids
         "disable_cuda_graph": True,  # decode graphs: nothing is decoded, so not worth their start-up
         "sampling_backend": "pytorch",  # nothing is sampled either: no sampler kernels to build
-        "dtype": dtype,
-        "trust_remote_code": trust,
-        "random_seed": 0,
-        "log_level": "warning",
     }
-    if settings.get("attention_backend"):
-        args["attention_backend"] = settings["attention_backend"]
     if route == "builtin":
         args |= {
             "enable_return_aux_hidden_states": True,
@@ -365,7 +358,7 @@ def engine_args(
         }
     else:
         args |= {"enable_return_hidden_states": True}  # FULL capture mode on every extend batch
-    return args | user_engine_args(settings.get("engine_args") or {}, known, OWNED_ARGS)
+    return args | user_engine_args(typed.engine_args, known, OWNED_ARGS)
 
 
 def capture_engine_class(spec: CaptureSpec):
