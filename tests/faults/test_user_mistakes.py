@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from eyas.dryrun import planned_jobs
+from dryrun import planned_jobs
 
 REPO = Path(__file__).parents[2]
 REFUSED_BEFORE_ANY_JOB = "snakemake -n refuses naming the key, before any job"

@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+from dryrun import planned_jobs
 from faultkit import CONVERSATIONS
-
-from eyas.dryrun import planned_jobs
 
 pytestmark = pytest.mark.workflow
 
