@@ -130,7 +130,9 @@ class TrainSettings:
     max_steps: int | None = None
     """Stop after this many optimizer steps (null = run all epochs)."""
     lr: float = 1e-3
-    """Peak AdamW learning rate."""
+    """Peak AdamW learning rate. A step whose loss or gradient norm is NaN or infinite (e.g. an lr far
+    too high) stops training before its update, with an error naming the step and the last good
+    checkpoint; no step is skipped."""
     warmup_steps: int = 20
     """Linear warm-up steps before the cosine decay."""
     weight_decay: float = 0.0

@@ -169,6 +169,8 @@ class Checkpointer:
         self.fingerprint = fp
         self.extra_config = extra_config
         self.world = world
+        self.last: tuple[Path, int] | None = None
+        """(directory, step) of the newest checkpoint this run saved or resumed from."""
 
     def find(self) -> tuple[Path, dict] | None:
         """(directory, train state) of a checkpoint this run can resume from, or None."""
@@ -194,6 +196,7 @@ class Checkpointer:
         run.log_rows = state["log_rows"]
         if self.world.main:  # the checkpoint holds the all-rank count; other ranks add their own
             run.seen = state["seen"].clone()
+        self.last = (self.dir, run.step)
         log.info("resuming from %s at step %d (epoch %d, step group %d)", path, run.step, run.epoch,
                  run.group_in_epoch)  # fmt: skip
 
@@ -218,6 +221,7 @@ class Checkpointer:
         if self.world.main:
             save_checkpoint(self.dir, whole, self.extra_config, state)
         distributed.barrier(self.world)
+        self.last = (self.dir, run.step)
         return whole
 
     def keep_if_best(self, run: RunState, record: dict, whole: Eagle3Drafter) -> None:

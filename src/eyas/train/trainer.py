@@ -252,7 +252,9 @@ def train(
     end_epoch = EpochEnd(spread, checkpointer, heldout_metrics)
     train_log = TrainLog(log_path, settings.ttt_steps, world.main)
     train_log.start(run.log_rows)
-    step = OptimizerStep(spread, teacher, optimizer, scheduler, settings, amp, device, train_log)
+    step = OptimizerStep(
+        spread, teacher, optimizer, scheduler, settings, amp, device, train_log, checkpointer
+    )
     show = settings.progress and world.main
     bar = tqdm(total=total, initial=run.step, disable=not show, desc="train", unit="step")
     metrics: dict = {"acc": [], "loss": None}
@@ -295,13 +297,27 @@ def padded_slots(loader: PairedLoader, epoch: int, world_size: int, settings) ->
     return distributed.padded_slots(len(loader.plan(epoch)), world_size, settings.grad_accum)
 
 
+class NonFiniteLoss(RuntimeError):
+    """The loss or the gradient norm of a step is NaN or infinite: training stops before that step's
+    update (see `OptimizerStep`)."""
+
+
 class OptimizerStep:
     """One optimizer step: forward/backward of this rank's micro-batches (`step.train_step`), clipping,
-    AdamW and schedule steps; it advances the run state and logs the step's row."""
+    AdamW and schedule steps; it advances the run state and logs the step's row.
 
-    def __init__(self, spread, teacher: Teacher, optimizer, scheduler, settings, amp, device, log: TrainLog):
+    The rule for a NaN or infinite loss or gradient norm: the step's update is not applied, nothing
+    is logged or saved for it, and training stops with `NonFiniteLoss` naming the step and the last
+    good checkpoint (never training on into garbage, never skipping steps silently). Both values are
+    global (summed over ranks), so every rank stops at the same step."""
+
+    def __init__(
+        self, spread, teacher: Teacher, optimizer, scheduler, settings, amp, device, log: TrainLog,
+        checkpointer: Checkpointer,
+    ):  # fmt: skip
         self.spread, self.teacher, self.optimizer, self.scheduler = spread, teacher, optimizer, scheduler
         self.settings, self.amp, self.device, self.log = settings, amp, device, log
+        self.checkpointer = checkpointer
 
     def __call__(self, run: RunState, batches, share: list) -> dict:
         """Draw this rank's grad_accum micro-batches from `batches` (its `share` of the step group:
@@ -312,6 +328,8 @@ class OptimizerStep:
         self.optimizer.zero_grad(set_to_none=True)
         metrics = train_step(self.spread, self.teacher, micro, self.settings, self.amp, self.device)
         grad_norm = self.spread.clip_gradients(self.settings.grad_clip)
+        if not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm)):
+            raise NonFiniteLoss(self.non_finite_message(run, metrics["loss"], grad_norm))
         self.optimizer.step()
         self.scheduler.step()
         for rows_of_batch in share:
@@ -324,6 +342,19 @@ class OptimizerStep:
         run.log_rows.append(row)
         self.log.append(row)
         return metrics
+
+    def non_finite_message(self, run: RunState, loss: float, grad_norm: float) -> str:
+        last = self.checkpointer.last
+        where = (
+            f"last good checkpoint: {last[0]} (step {last[1]}); a rerun with the same settings resumes "
+            "there and meets this step again, and a changed setting starts from step 0"
+            if last is not None
+            else f"no checkpoint written yet (train.checkpoint_every = {self.settings.checkpoint_every})"
+        )
+        return (
+            f"train: loss {loss} / gradient norm {grad_norm} at step {run.step + 1} (epoch {run.epoch}): "
+            f"stopped before applying it. Usual cause: train.lr too high (now {self.settings.lr}); {where}"
+        )
 
 
 def run_stats(run: RunState, resumed_from: int, world_size: int, grad_accum: int, metrics: dict) -> dict:
