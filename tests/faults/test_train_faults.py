@@ -7,14 +7,17 @@ The training data is the tiny target's own greedy text (`tests/trainkit.py`, the
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+import shutil
 
 import pytest
 import torch
 from trainkit import csv_rows, run, settings
 
 from eyas.model.drafter import Eagle3Drafter
+from eyas.train.checkpoint import previous_dir
 from eyas.train.trainer import NonFiniteLoss
 
 torch.set_num_threads(1)
@@ -49,3 +52,91 @@ def test_nan_loss_stops_at_that_step_naming_the_last_good_checkpoint(data, tmp_p
         assert state["step"] == saved and all(math.isfinite(r[3]) for r in state["log_rows"])
         assert all(torch.isfinite(t).all() for t in weights(ckpt).values())
         assert not (tmp_path / "drafter").exists()  # no output that looks finished
+
+
+# --------------------------------------------------------------------------- corrupt checkpoints
+RESUME = dict(max_steps=7, epochs=4, checkpoint_every=2)
+
+
+@pytest.fixture(scope="module")
+def crashed(data, tmp_path_factory) -> dict:
+    """An uninterrupted run, and one stopped after step 5 (latest checkpoint step 4, previous step 2)."""
+    from eyas.train.csvlog import TrainLog
+
+    root = tmp_path_factory.mktemp("crashed")
+    run(data, root / "reference", settings(**RESUME))
+    append = TrainLog.append
+
+    def crash(self, row: list) -> None:
+        append(self, row)
+        if row[0] == 5:
+            raise KeyboardInterrupt
+
+    TrainLog.append = crash
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(data, root / "crashed", settings(**RESUME))
+    finally:
+        TrainLog.append = append
+    ckpt = root / "crashed" / "drafter-checkpoint"
+    assert torch.load(ckpt / "train_state.pt", weights_only=True)["step"] == 4
+    assert torch.load(previous_dir(ckpt) / "train_state.pt", weights_only=True)["step"] == 2
+    return {"reference": root / "reference", "crashed": root / "crashed"}
+
+
+def _cut(ckpt):
+    f = ckpt / "train_state.pt"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    return f, "cannot be loaded"
+
+
+def _zero(ckpt):  # a run of zeros inside the weights (the safetensors header stays valid)
+    f = ckpt / "model.safetensors"
+    raw = bytearray(f.read_bytes())
+    raw[len(raw) // 2 : len(raw) // 2 + 4096] = bytes(4096)
+    f.write_bytes(bytes(raw))
+    return f, "sha256 differs"
+
+
+def _wrong_step(ckpt):  # a stale train_state.pt (step 2's) in the step-4 checkpoint
+    f = ckpt / "train_state.pt"
+    f.write_bytes((previous_dir(ckpt) / "train_state.pt").read_bytes())
+    return f, "field 'step' is 2"
+
+
+@pytest.mark.parametrize("damage", [_cut, _zero, _wrong_step], ids=["truncated", "zeroed", "wrong_step"])
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(
+    data, crashed, tmp_path, caplog, ledger, damage
+):
+    out = tmp_path / "run"
+    shutil.copytree(crashed["crashed"], out)
+    ckpt = out / "drafter-checkpoint"
+    name = damage.__name__.strip("_")
+    with ledger.case("fault", f"latest checkpoint {name}", "resume from the previous one, named; equal"):
+        bad_file, problem = damage(ckpt)
+        with caplog.at_level(logging.WARNING, logger="eyas.train"):
+            stats = run(data, out, settings(**RESUME))
+        warning = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+        assert f"{bad_file}: " in warning and problem in warning, warning
+        assert f"resuming from the previous checkpoint {previous_dir(ckpt)} (step 2)" in warning, warning
+        assert stats["resumed_from_step"] == 2 and stats["steps"] == 7  # not from zero
+        assert (out / "log.csv").read_bytes() == (crashed["reference"] / "log.csv").read_bytes()
+        assert_same_weights(out / "drafter", crashed["reference"] / "drafter")
+        assert not any(p.name.startswith("drafter-checkpoint") for p in out.iterdir())  # all removed
+
+
+def test_every_checkpoint_corrupt_restarts_from_zero_and_says_so(data, crashed, tmp_path, caplog, ledger):
+    out = tmp_path / "run"
+    shutil.copytree(crashed["crashed"], out)
+    ckpt = out / "drafter-checkpoint"
+    with ledger.case("fault", "latest and previous checkpoints corrupt", "error names both; restart equal"):
+        _cut(ckpt)
+        _cut(previous_dir(ckpt))
+        with caplog.at_level(logging.WARNING, logger="eyas.train"):
+            stats = run(data, out, settings(**RESUME))
+        errors = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+        assert "no usable checkpoint, starting from step 0" in errors, errors
+        assert f"{ckpt / 'train_state.pt'}: cannot be loaded" in errors
+        assert f"{previous_dir(ckpt) / 'train_state.pt'}: cannot be loaded" in errors
+        assert stats["resumed_from_step"] == 0 and stats["steps"] == 7
+        assert_same_weights(out / "drafter", crashed["reference"] / "drafter")
