@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import shutil
+import subprocess
 
 import pytest
 import torch
-from trainkit import csv_rows, run, settings
+from trainkit import csv_rows, inputs, run, settings
 
 from eyas.model.drafter import Eagle3Drafter
-from eyas.train.checkpoint import previous_dir
-from eyas.train.trainer import NonFiniteLoss
+from eyas.train.checkpoint import CheckpointError, previous_dir, verify_checkpoint
+from eyas.train.trainer import NonFiniteLoss, train
 
 torch.set_num_threads(1)
 
@@ -140,3 +142,54 @@ def test_every_checkpoint_corrupt_restarts_from_zero_and_says_so(data, crashed, 
         assert f"{previous_dir(ckpt) / 'train_state.pt'}: cannot be loaded" in errors
         assert stats["resumed_from_step"] == 0 and stats["steps"] == 7
         assert_same_weights(out / "drafter", crashed["reference"] / "drafter")
+
+
+# --------------------------------------------------------------------------- disk full
+@pytest.mark.parametrize("fails_in", ["model.safetensors", "train_state.pt"])
+def test_disk_full_during_a_checkpoint_save_keeps_the_checkpoints_before_it(
+    data, crashed, tmp_path, ledger, fails_in
+):
+    """A real full disk (a tmpfs with room for two checkpoints and part of a third; needs root):
+    the third save fails in the weights or in the train state; both earlier checkpoints stay whole,
+    nothing partial is left, and a resume from them on a roomier disk equals an uninterrupted run."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    one = crashed["crashed"] / "drafter-checkpoint"
+    sizes = {f.name: f.stat().st_size for f in one.iterdir()}
+    size = sum(sizes.values())
+    # free space left after two checkpoints: half the weights, or the weights and half the train state
+    spare = sizes["model.safetensors"] // 2
+    if fails_in == "train_state.pt":
+        spare = sizes["model.safetensors"] + sizes["config.json"] + sizes["train_state.pt"] // 2
+    mount = tmp_path / "small"
+    mount.mkdir()
+    kib = (2 * size + spare) // 1024 + 16  # + a few pages of directory entries
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(mount)], capture_output=True
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+    s = settings(**{**RESUME, "checkpoint_every": 1})
+    try:
+        kwargs = {**inputs(data, tmp_path / "full"), "out_dir": str(mount / "drafter")}
+        ckpt = mount / "drafter-checkpoint"
+        with ledger.case("fault", f"disk full writing checkpoint {fails_in}", "earlier checkpoints intact"):
+            with pytest.raises(CheckpointError) as err:
+                train(s, **kwargs)
+            message = str(err.value)
+            assert message.startswith(f"{ckpt}: writing the checkpoint of step 3 failed"), message
+            assert "No space left on device" in message, message
+            assert sorted(p.name for p in mount.iterdir()) == [ckpt.name, previous_dir(ckpt).name]
+            assert verify_checkpoint(ckpt)["step"] == 2 and verify_checkpoint(previous_dir(ckpt))["step"] == 1
+            Eagle3Drafter.from_pretrained(ckpt)
+            roomy = tmp_path / "roomy"
+            roomy.mkdir()
+            for p in mount.iterdir():
+                shutil.copytree(p, roomy / p.name)
+        # (outside the case: the resume below proves what the case claims)
+    finally:
+        if subprocess.run(["umount", str(mount)]).returncode:
+            subprocess.run(["umount", "-l", str(mount)])  # a file still open: detach it anyway
+    stats = run(data, roomy, s)
+    assert stats["resumed_from_step"] == 2 and stats["steps"] == 7
+    assert_same_weights(roomy / "drafter", crashed["reference"] / "drafter")

@@ -124,6 +124,24 @@ def _rename_away(path: Path) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
+class _KeepsOSError:
+    """A file for torch.save that keeps the OS error of a failed write: torch's zip writer may report
+    it only as "unexpected pos N vs M" (seen with ENOSPC on a full tmpfs), which names no cause."""
+
+    def __init__(self, fh):
+        self.fh, self.error = fh, None
+
+    def write(self, data) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
 def save_checkpoint(
     path: Path, model: Eagle3Drafter, extra_config: dict, state: dict, latest_is_bad: bool = False
 ) -> None:
@@ -133,9 +151,11 @@ def save_checkpoint(
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    writer = None
     try:
         model.save_pretrained(tmp, extra_config=extra_config)  # itself atomic
-        torch.save(state, tmp / "train_state.pt")
+        with open(tmp / "train_state.pt", "wb") as fh:
+            torch.save(state, writer := _KeepsOSError(fh))
         files = {}
         for f in sorted(tmp.iterdir()):
             with open(f, "rb") as fh:
@@ -148,10 +168,11 @@ def save_checkpoint(
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, Exception):
+            cause = writer.error if writer is not None and writer.error is not None else exc
             raise CheckpointError(
-                f"{path}: writing the checkpoint of step {state['step']} failed ({exc}); the partial "
+                f"{path}: writing the checkpoint of step {state['step']} failed ({cause}); the partial "
                 f"copy was removed and the checkpoints already there are unchanged"
-            ) from exc
+            ) from cause
         raise
     previous = previous_dir(path)
     if path.exists():
