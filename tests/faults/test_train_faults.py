@@ -7,12 +7,18 @@ The training data is the tiny target's own greedy text (`tests/trainkit.py`, the
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +26,7 @@ from trainkit import csv_rows, inputs, run, settings
 
 from eyas.model.drafter import Eagle3Drafter
 from eyas.train.checkpoint import CheckpointError, previous_dir, verify_checkpoint
+from eyas.train.job import EXIT_PREEMPTED, train_job
 from eyas.train.trainer import NonFiniteLoss, train
 
 torch.set_num_threads(1)
@@ -193,3 +200,96 @@ def test_disk_full_during_a_checkpoint_save_keeps_the_checkpoints_before_it(
     stats = run(data, roomy, s)
     assert stats["resumed_from_step"] == 2 and stats["steps"] == 7
     assert_same_weights(roomy / "drafter", crashed["reference"] / "drafter")
+
+
+# --------------------------------------------------------------------------- preemption (SIGTERM)
+# The worker is held after step 2 is logged; the test sends SIGTERM, then lets it go on. Step 3 runs
+# with the request (periodic checkpoints every 5 steps: the one at step 3 is the SIGTERM's), the run
+# checkpoints after it and exits 143; the rerun resumes at step 3.
+PREEMPT = {**RESUME, "checkpoint_every": 5}
+
+
+def _spec(data, out, tmp_path, s) -> tuple:
+    spec, stats_path = tmp_path / "spec.json", tmp_path / "stats.json"
+    body = {"settings": dataclasses.asdict(s), "inputs": inputs(data, out), "stats_path": str(stats_path)}
+    spec.write_text(json.dumps(body))
+    return spec, stats_path
+
+
+def _wait_rows(path, rows: int, proc, log) -> None:
+    deadline = time.monotonic() + 180
+    while csv_rows(path) < rows:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"training did not reach step {rows}"
+        time.sleep(0.05)
+
+
+def _preempted_checkpoint(out) -> None:
+    """What a preempted run left: a checkpoint at step 3 that verifies, no output."""
+    ckpt = out / "drafter-checkpoint"
+    assert verify_checkpoint(ckpt)["step"] == 3 and not previous_dir(ckpt).exists()
+    assert csv_rows(out / "log.csv.partial") == 3 and not (out / "drafter").exists()
+
+
+def test_sigterm_checkpoints_after_the_step_in_progress_and_the_rerun_resumes_there(
+    data, crashed, tmp_path, ledger
+):
+    s = settings(**PREEMPT)
+    out = tmp_path / "run"
+    spec, stats_path = _spec(data, out, tmp_path, s)
+    log = tmp_path / "worker.log"
+    with ledger.case("fault", "SIGTERM mid-run (one process)", "checkpoint at the next step; resume equal"):
+        with open(log, "w") as fh:
+            worker = Path(__file__).parents[1] / "train_worker.py"
+            proc = subprocess.Popen([sys.executable, str(worker), str(spec), "2", "hold"], stderr=fh)
+        _wait_rows(out / "log.csv.partial", 2, proc, log)
+        proc.send_signal(signal.SIGTERM)
+        Path(f"{spec}.go").touch()
+        assert proc.wait(timeout=120) == EXIT_PREEMPTED, log.read_text()[-3000:]
+        assert "stopped on SIGTERM after step 3 of 7" in log.read_text()
+        _preempted_checkpoint(out)
+        proc = subprocess.run([sys.executable, "-m", "eyas.train.job", str(spec)], capture_output=True)
+        assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+        stats = json.loads(stats_path.read_text())
+        assert stats["resumed_from_step"] == 3 and stats["steps"] == 7
+        assert (out / "log.csv").read_bytes() == (crashed["reference"] / "log.csv").read_bytes()
+        assert_same_weights(out / "drafter", crashed["reference"] / "drafter")
+
+
+def _rank_pid(spec, rank: int) -> int:
+    """The pid of torchrun's rank `rank` running `spec` (its environment says RANK)."""
+    for proc_dir in Path("/proc").iterdir():
+        try:
+            if proc_dir.name.isdigit() and str(spec).encode() in (proc_dir / "cmdline").read_bytes():
+                if f"RANK={rank}".encode() in (proc_dir / "environ").read_bytes().split(b"\0"):
+                    return int(proc_dir.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no rank {rank} of {spec}")
+
+
+def test_sigterm_to_one_torchrun_rank_stops_both_at_the_same_step(data, tmp_path, ledger):
+    """2 ddp ranks: only rank 1 gets SIGTERM; the request rides on the step's all-reduce, so both
+    save one checkpoint after step 3 and stop; the rerun resumes there and equals an uninterrupted run."""
+    s = settings(**PREEMPT, nproc=2)
+    train_job(s, inputs(data, tmp_path / "reference"), str(tmp_path / "reference.log"))
+    out = tmp_path / "run"
+    spec, stats_path = _spec(data, out, tmp_path, s)
+    log = tmp_path / "torchrun.log"
+    with ledger.case("fault", "SIGTERM to one torchrun rank", "all ranks stop at one step; resume equal"):
+        worker = Path(__file__).parents[1] / "train_worker.py"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        with open(log, "w") as fh:
+            proc = subprocess.Popen([*cmd, str(worker), str(spec), "2", "hold"], stdout=fh, stderr=fh)
+        _wait_rows(out / "log.csv.partial", 2, proc, log)
+        os.kill(_rank_pid(spec, 1), signal.SIGTERM)
+        time.sleep(0.5)  # the signal is handled in the rank's main thread, at its next bytecode
+        Path(f"{spec}.go").touch()
+        assert proc.wait(timeout=180) != 0
+        text = log.read_text()
+        assert text.count("stopped on SIGTERM after step 3 of 7") == 2, text[-3000:]  # both ranks
+        _preempted_checkpoint(out)
+        stats = train_job(s, inputs(data, out), str(tmp_path / "rerun.log"))
+        assert stats["resumed_from_step"] == 3 and stats["steps"] == 7
+        assert (out / "log.csv").read_bytes() == (tmp_path / "reference" / "log.csv").read_bytes()
+        assert_same_weights(out / "drafter", tmp_path / "reference" / "drafter")

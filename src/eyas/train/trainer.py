@@ -26,7 +26,7 @@ from eyas.provenance import DRAFTER_PROVENANCE, sha256_file
 from eyas.store import STORE_IDENTITY, ProvenanceError, check_provenance
 from eyas.target import load_embed_and_head, load_target_tensor, read_config
 from eyas.train import distributed
-from eyas.train.checkpoint import Checkpointer, RunState, fingerprint
+from eyas.train.checkpoint import Checkpointer, Preempted, RunState, StopRequest, fingerprint
 from eyas.train.csvlog import TrainLog
 from eyas.train.loader import PairedLoader
 from eyas.train.parallel import spread_over_ranks
@@ -252,13 +252,15 @@ def train(
     end_epoch = EpochEnd(spread, checkpointer, heldout_metrics)
     train_log = TrainLog(log_path, settings.ttt_steps, world.main)
     train_log.start(run.log_rows)
+    stop = StopRequest()
     step = OptimizerStep(
-        spread, teacher, optimizer, scheduler, settings, amp, device, train_log, checkpointer
+        spread, teacher, optimizer, scheduler, settings, amp, device, train_log, checkpointer, stop
     )
     show = settings.progress and world.main
     bar = tqdm(total=total, initial=run.step, disable=not show, desc="train", unit="step")
     metrics: dict = {"acc": [], "loss": None}
     try:
+        stop.__enter__()
         while run.step < total and run.epoch < settings.epochs:
             groups = distributed.step_groups(loader.plan(run.epoch), world.size, settings.grad_accum)
             mine = [distributed.rank_share(g, world.rank, settings.grad_accum) for g in groups]
@@ -271,14 +273,23 @@ def train(
                 if run.step >= total:
                     stopped = g + 1 < len(groups)
                     break
-                if settings.checkpoint_every and run.step % settings.checkpoint_every == 0:
+                if metrics["stop"] or (
+                    settings.checkpoint_every and run.step % settings.checkpoint_every == 0
+                ):
                     checkpointer.save(run, spread, optimizer, scheduler)
+                if metrics["stop"]:  # every rank sees it at the same step (train_step's all-reduce)
+                    batches.close()
+                    raise Preempted(
+                        f"train: stopped on SIGTERM after step {run.step} of {total}; checkpoint "
+                        f"{checkpointer.dir} saved, and rerunning the job resumes from it"
+                    )
             batches.close()
             end_epoch(run, complete=not stopped, padded=padded_slots(loader, run.epoch, world.size, settings))
             if stopped:
                 break
             run.epoch, run.group_in_epoch = run.epoch + 1, 0
     finally:
+        stop.__exit__()
         bar.close()
         train_log.close()
 
@@ -313,11 +324,11 @@ class OptimizerStep:
 
     def __init__(
         self, spread, teacher: Teacher, optimizer, scheduler, settings, amp, device, log: TrainLog,
-        checkpointer: Checkpointer,
+        checkpointer: Checkpointer, stop: StopRequest,
     ):  # fmt: skip
         self.spread, self.teacher, self.optimizer, self.scheduler = spread, teacher, optimizer, scheduler
         self.settings, self.amp, self.device, self.log = settings, amp, device, log
-        self.checkpointer = checkpointer
+        self.checkpointer, self.stop = checkpointer, stop
 
     def __call__(self, run: RunState, batches, share: list) -> dict:
         """Draw this rank's grad_accum micro-batches from `batches` (its `share` of the step group:
@@ -326,7 +337,9 @@ class OptimizerStep:
         micro = [next(batches) for _ in range(self.settings.grad_accum)]
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = train_step(self.spread, self.teacher, micro, self.settings, self.amp, self.device)
+        metrics = train_step(
+            self.spread, self.teacher, micro, self.settings, self.amp, self.device, self.stop.requested
+        )
         grad_norm = self.spread.clip_gradients(self.settings.grad_clip)
         if not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm)):
             raise NonFiniteLoss(self.non_finite_message(run, metrics["loss"], grad_norm))
