@@ -155,9 +155,9 @@ class TrainSettings:
     """Start lm_head from the target's lm_head rows of the draft vocab and norm from its final norm:
     the drafter's output space then starts as the target's, which short CPU runs need."""
     checkpoint_every: int = 200
-    """Optimizer steps between checkpoints (also written at the end). The latest and the one before
-    it are kept beside the output (`<drafter>-checkpoint`, `.previous`); a rerun resumes from the
-    newest that verifies against its checksums."""
+    """Optimizer steps between checkpoints (also written at the end, and on SIGTERM before the job
+    stops). The latest and the one before it are kept beside the output (`<drafter>-checkpoint`,
+    `.previous`); a rerun resumes from the newest that verifies against its checksums."""
     progress: bool = True
     """Show a progress bar."""
     nproc: int = bounded(1, ge=1)

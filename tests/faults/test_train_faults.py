@@ -120,7 +120,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(
     out = tmp_path / "run"
     shutil.copytree(crashed["crashed"], out)
     ckpt = out / "drafter-checkpoint"
-    name = damage.__name__.strip("_")
+    name = {_cut: "truncated", _zero: "zeroed", _wrong_step: "at the wrong step"}[damage]
     with ledger.case("fault", f"latest checkpoint {name}", "resume from the previous one, named; equal"):
         bad_file, problem = damage(ckpt)
         with caplog.at_level(logging.WARNING, logger="eyas.train"):
