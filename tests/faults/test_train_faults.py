@@ -293,3 +293,35 @@ def test_sigterm_to_one_torchrun_rank_stops_both_at_the_same_step(data, tmp_path
         assert stats["resumed_from_step"] == 3 and stats["steps"] == 7
         assert (out / "log.csv").read_bytes() == (tmp_path / "reference" / "log.csv").read_bytes()
         assert_same_weights(out / "drafter", tmp_path / "reference" / "drafter")
+
+
+LAUNCHER = r"""
+import json, sys
+from eyas.config import TrainSettings
+from eyas.train.job import train_job
+spec = json.loads(open(sys.argv[1]).read())
+train_job(TrainSettings(**spec["settings"]), spec["inputs"], sys.argv[2])
+"""
+
+
+def test_sigterm_to_the_launcher_reaches_the_torchrun_ranks(data, tmp_path, ledger):
+    """The train rule's process runs torchrun (`distributed.launch`): SIGTERM to it is passed on to the
+    torchrun agent, which passes it to both ranks; they stop after the same step with the run's only
+    checkpoint (no periodic ones), and the launcher fails with `Preempted` naming the log."""
+    s = settings(max_steps=60, epochs=30, checkpoint_every=0, nproc=2)
+    out = tmp_path / "run"
+    spec, _ = _spec(data, out, tmp_path, s)
+    log, launch_log = tmp_path / "launcher.log", tmp_path / "torchrun.log"
+    with ledger.case("fault", "SIGTERM to the torchrun launcher", "ranks checkpoint at one step; Preempted"):
+        with open(log, "w") as fh:
+            proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(spec), str(launch_log)], stderr=fh)
+        _wait_rows(out / "log.csv.partial", 2, proc, log)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=180) != 0
+        text = log.read_text()
+        preempted = r"Preempted: train: torchrun's 2 ranks stopped on SIGTERM \(exit \d+\); see "
+        assert re.search(preempted + re.escape(str(launch_log)), text), text
+        steps = re.findall(r"stopped on SIGTERM after step (\d+) of 60", launch_log.read_text())
+        assert len(steps) == 2 and steps[0] == steps[1], launch_log.read_text()[-3000:]  # both, one step
+        saved = verify_checkpoint(out / "drafter-checkpoint")["step"]
+        assert saved == int(steps[0]) == csv_rows(out / "log.csv.partial") < 60

@@ -5,7 +5,9 @@ data parallelism (`ddp` or `fsdp`: parallel.py), checkpoint choice by simulated 
 `Checkpointer` (checkpoint.py: save, resume, best epoch, final output), the `TrainLog` (csvlog.py:
 log.csv and epochs.csv), the `OptimizerStep` below and the `EpochEnd` (validation.py: coverage check
 and held-out metrics). Resume is exact: a run killed at any point and restarted writes the same log
-rows, bit for bit on CPU, as one that never stopped.
+rows, bit for bit on CPU, as one that never stopped. SIGTERM (a cluster's preemption) stops the run
+after the step in progress with a checkpoint (`checkpoint.StopRequest`, `Preempted`); a NaN or infinite
+loss stops it before that step's update (`OptimizerStep`, `NonFiniteLoss`).
 """
 
 from __future__ import annotations
