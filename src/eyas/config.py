@@ -130,7 +130,9 @@ class TrainSettings:
     max_steps: int | None = None
     """Stop after this many optimizer steps (null = run all epochs)."""
     lr: float = 1e-3
-    """Peak AdamW learning rate."""
+    """Peak AdamW learning rate. A step whose loss or gradient norm is NaN or infinite (e.g. an lr far
+    too high) stops training before its update, with an error naming the step and the last good
+    checkpoint; no step is skipped."""
     warmup_steps: int = 20
     """Linear warm-up steps before the cosine decay."""
     weight_decay: float = 0.0
@@ -153,7 +155,9 @@ class TrainSettings:
     """Start lm_head from the target's lm_head rows of the draft vocab and norm from its final norm:
     the drafter's output space then starts as the target's, which short CPU runs need."""
     checkpoint_every: int = 200
-    """Optimizer steps between checkpoints (also written at the end)."""
+    """Optimizer steps between checkpoints (also written at the end, and on SIGTERM before the job
+    stops). The latest and the one before it are kept beside the output (`<drafter>-checkpoint`,
+    `.previous`); a rerun resumes from the newest that verifies against its checksums."""
     progress: bool = True
     """Show a progress bar."""
     nproc: int = bounded(1, ge=1)

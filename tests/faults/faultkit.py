@@ -81,8 +81,13 @@ def run(job):
             if nth(2):
                 buf = io.BytesIO()
                 save(obj, buf, *a, **k)
-                with open(f, "wb") as fh:
-                    fh.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+                half = buf.getvalue()[: len(buf.getvalue()) // 2]
+                if hasattr(f, "write"):  # eyas saves through a file object of its own
+                    f.write(half)
+                    f.flush()
+                else:
+                    with open(f, "wb") as fh:
+                        fh.write(half)
                 pause()
             return save(obj, f, *a, **k)
         torch.save = patched

@@ -5,9 +5,14 @@ writes the final drafter directory.
 A checkpoint is a directory (model.safetensors + config.json of the drafter, train_state.pt with the
 rest). `train_state.pt` holds only tensors and plain Python values, so it loads with
 `torch.load(weights_only=True)`; numpy's RNG state is stored as a tensor for that reason.
-Replacing a checkpoint never leaves a moment without one: the new one is written completely under a
-temporary name, the old one is renamed aside, the new one renamed into place, then the old one
-deleted; a reader that finds only the aside copy (a kill between the two renames) uses it.
+Two checkpoints are kept: the latest (`<out_dir>-checkpoint`) and the one before it
+(`<out_dir>-checkpoint.previous`). A new one is written completely under a temporary name with
+`checksums.json` (its step and every file's size and sha256) last; only then does the latest become
+the previous one and the new one the latest, by renames. A failed write (a full disk) removes the
+partial copy and leaves both intact; a kill between the renames leaves the previous one whole.
+Resume verifies a checkpoint before using it (its manifest, that train_state.pt loads and is at the
+manifest's step, every file's size and sha256) and falls back to the previous one, with a warning
+naming the file and what is wrong, when the latest is cut short, zeroed or at the wrong step.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import logging
 import os
 import random
 import shutil
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,41 +88,157 @@ def set_rng_state(state: dict) -> None:
 
 
 # --------------------------------------------------------------------------- save / load
-def _aside(path: Path) -> Path:
+MANIFEST = "checksums.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (the previous ones are left as they were)."""
+
+
+class CheckpointInvalid(Exception):
+    """A checkpoint on disk fails verification; the message names the file and what is wrong."""
+
+
+def previous_dir(path: Path) -> Path:
+    return path.with_name(path.name + ".previous")
+
+
+def _corrupt_dir(path: Path) -> Path:
+    return path.with_name(path.name + ".corrupt")
+
+
+def _legacy_aside(path: Path) -> Path:
+    """Where eyas before the kept previous checkpoint renamed the old one during a replace."""
     return path.with_name(path.name + ".old")
 
 
-def save_checkpoint(path: Path, model: Eagle3Drafter, extra_config: dict, state: dict) -> None:
-    """Write the checkpoint at `path`; there is a complete checkpoint on disk at every moment."""
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _rename_away(path: Path) -> None:
+    """Delete directory `path` without ever leaving it half-deleted under its own name."""
+    if path.exists():
+        trash = path.with_name(f".{path.name}.del-{os.getpid()}")
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+class _KeepsOSError:
+    """A file for torch.save that keeps the OS error of a failed write: torch's zip writer may report
+    it only as "unexpected pos N vs M" (seen with ENOSPC on a full tmpfs), which names no cause."""
+
+    def __init__(self, fh):
+        self.fh, self.error = fh, None
+
+    def write(self, data) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def save_checkpoint(
+    path: Path, model: Eagle3Drafter, extra_config: dict, state: dict, latest_is_bad: bool = False
+) -> None:
+    """Write the checkpoint at `path`, the old one kept as `previous_dir(path)` (see the module doc).
+    `latest_is_bad`: the checkpoint now at `path` failed verification; it is set aside as
+    `<path>.corrupt` instead of becoming the previous one (which stays the good one resumed from)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, extra_config=extra_config)  # itself atomic
-    torch.save(state, tmp / "train_state.pt")
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
+    writer = None
+    try:
+        model.save_pretrained(tmp, extra_config=extra_config)  # itself atomic
+        with open(tmp / "train_state.pt", "wb") as fh:
+            torch.save(state, writer := _KeepsOSError(fh))
+        files = {}
+        for f in sorted(tmp.iterdir()):
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+            files[f.name] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+        with open(tmp / MANIFEST, "w") as fh:
+            json.dump({"step": state["step"], "files": files}, fh, indent=1)
+            fh.flush()
             os.fsync(fh.fileno())
-    aside = _aside(path)
-    shutil.rmtree(aside, ignore_errors=True)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception):
+            cause = writer.error if writer is not None and writer.error is not None else exc
+            raise CheckpointError(
+                f"{path}: writing the checkpoint of step {state['step']} failed ({cause}); the partial "
+                f"copy was removed and the checkpoints already there are unchanged"
+            ) from cause
+        raise
+    previous = previous_dir(path)
     if path.exists():
-        os.replace(path, aside)
+        if latest_is_bad:
+            _rename_away(_corrupt_dir(path))
+            os.replace(path, _corrupt_dir(path))
+        else:
+            _rename_away(previous)
+            os.replace(path, previous)
     os.replace(tmp, path)
     _fsync_dir(path.parent)
-    shutil.rmtree(aside, ignore_errors=True)
+    _rename_away(_legacy_aside(path))
 
 
-def load_checkpoint(path: Path) -> tuple[Path, dict] | None:
-    """(directory, train state) of the checkpoint at `path` (or its aside copy), or None."""
-    for candidate in (Path(path), _aside(Path(path))):
-        state_path = candidate / "train_state.pt"
-        if state_path.exists():
-            return candidate, torch.load(state_path, map_location="cpu", weights_only=True)
+def verify_checkpoint(path: Path) -> dict:
+    """The train state of the checkpoint directory `path` after checking it against its manifest;
+    raises CheckpointInvalid naming the file and what is wrong."""
+    manifest_path = path / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        step, files = int(manifest["step"]), dict(manifest["files"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointInvalid(f"{manifest_path}: missing or unreadable ({exc})") from exc
+    state_path = path / "train_state.pt"
+    try:
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # cut short or overwritten: torch/pickle raise various types
+        raise CheckpointInvalid(f"{state_path}: cannot be loaded ({exc})") from exc
+    if not isinstance(state, dict) or state.get("step") != step or len(state.get("log_rows", ())) != step:
+        got = state.get("step") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointInvalid(f"{state_path}: field 'step' is {got!r}, {manifest_path} says {step}")
+    for name, want in files.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointInvalid(f"{f}: missing (listed in {manifest_path})")
+        if f.stat().st_size != want["bytes"]:
+            raise CheckpointInvalid(f"{f}: {f.stat().st_size} bytes, {manifest_path} says {want['bytes']}")
+        if _sha256(f) != want["sha256"]:
+            raise CheckpointInvalid(f"{f}: sha256 differs from {manifest_path} (bytes changed on disk)")
+    return state
+
+
+def load_checkpoint(path: Path) -> tuple[Path, dict, list[str]] | None:
+    """(directory, train state, problems) of the newest checkpoint at `path` that verifies: the
+    latest, else the previous one (else a legacy aside copy). `problems` says what was wrong with
+    each newer one skipped. None when there is none; raises CheckpointInvalid (naming every file and
+    problem) when there are checkpoints but none verifies."""
+    path = Path(path)
+    problems = []
+    for candidate in (path, previous_dir(path), _legacy_aside(path)):
+        if not candidate.exists():
+            continue
+        try:
+            return candidate, verify_checkpoint(candidate), problems
+        except CheckpointInvalid as exc:
+            problems.append(str(exc))
+    if problems:
+        raise CheckpointInvalid("; ".join(problems))
     return None
 
 
 def remove_checkpoint(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    shutil.rmtree(_aside(Path(path)), ignore_errors=True)
+    for p in (Path(path), previous_dir(Path(path)), _corrupt_dir(Path(path)), _legacy_aside(Path(path))):
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -125,6 +248,48 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# --------------------------------------------------------------------------- preemption
+class Preempted(RuntimeError):
+    """The run stopped on SIGTERM after saving a checkpoint; rerunning the job resumes from it."""
+
+
+class StopRequest:
+    """SIGTERM asks the run to stop: the handler only records it, and the train loop checkpoints after
+    the step in progress and raises `Preempted`. A cluster sends SIGTERM to preempt or end a job, and
+    SIGKILL a grace period later (SLURM: to every process of the job, KillWait seconds apart,
+    https://slurm.schedmd.com/slurm.conf.html#OPT_KillWait; `sbatch --signal=TERM@60` asks for it a
+    minute before the time limit, https://slurm.schedmd.com/sbatch.html#OPT_signal). Under torchrun
+    every rank records its own request (from the cluster, or forwarded by the torchrun agent); the
+    step's all-reduce sums the requests (`step.train_step`), so all ranks stop after the same step
+    even when only one was signalled. Outside the main thread no handler can be set: no-op there."""
+
+    SIGNALS = (signal.SIGTERM,)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._record)
+        return self
+
+    def _record(self, signum, frame) -> None:
+        self.signum = signum
+        log.warning("%s received: stopping after this step with a checkpoint",
+                    signal.Signals(signum).name)  # fmt: skip
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
 
 
 # --------------------------------------------------------------------------- run state
@@ -169,14 +334,33 @@ class Checkpointer:
         self.fingerprint = fp
         self.extra_config = extra_config
         self.world = world
+        self.last: tuple[Path, int] | None = None
+        """(directory, step) of the newest checkpoint this run saved or resumed from."""
+        self.latest_is_bad = False
+        """The checkpoint at `dir` failed verification (the next save sets it aside, see `find`)."""
 
     def find(self) -> tuple[Path, dict] | None:
-        """(directory, train state) of a checkpoint this run can resume from, or None."""
-        found = load_checkpoint(self.dir)
-        if found is not None and found[1]["fingerprint"] != self.fingerprint:
-            log.warning("%s: checkpoint is from different settings or inputs; starting fresh", self.dir)
+        """(directory, train state) of a checkpoint this run can resume from, or None. A latest
+        checkpoint that fails verification is skipped for the previous one, with a warning naming
+        the file; when none verifies, training starts from step 0 with an error-level message saying
+        so (never silently, never a stop that needs the files removed by hand)."""
+        try:
+            found = load_checkpoint(self.dir)
+        except CheckpointInvalid as exc:
+            self.latest_is_bad = True
+            log.error("no usable checkpoint, starting from step 0: %s", exc)
             return None
-        return found
+        if found is None:
+            return None
+        path, state, problems = found
+        if problems:
+            self.latest_is_bad = path != self.dir
+            log.warning("%s; resuming from the previous checkpoint %s (step %d) instead",
+                        "; ".join(problems), path, state["step"])  # fmt: skip
+        if state["fingerprint"] != self.fingerprint:
+            log.warning("%s: checkpoint is from different settings or inputs; starting fresh", path)
+            return None
+        return path, state
 
     @staticmethod
     def load_weights(model: nn.Module, found: tuple[Path, dict], device: torch.device) -> None:
@@ -194,6 +378,7 @@ class Checkpointer:
         run.log_rows = state["log_rows"]
         if self.world.main:  # the checkpoint holds the all-rank count; other ranks add their own
             run.seen = state["seen"].clone()
+        self.last = (path, run.step)
         log.info("resuming from %s at step %d (epoch %d, step group %d)", path, run.step, run.epoch,
                  run.group_in_epoch)  # fmt: skip
 
@@ -216,8 +401,10 @@ class Checkpointer:
         }
         whole = spread.full_drafter()
         if self.world.main:
-            save_checkpoint(self.dir, whole, self.extra_config, state)
+            save_checkpoint(self.dir, whole, self.extra_config, state, self.latest_is_bad)
+        self.latest_is_bad = False
         distributed.barrier(self.world)
+        self.last = (self.dir, run.step)
         return whole
 
     def keep_if_best(self, run: RunState, record: dict, whole: Eagle3Drafter) -> None:

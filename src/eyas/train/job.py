@@ -51,11 +51,20 @@ def train_job(settings: TrainSettings, inputs: dict, launch_log: str | None = No
         return json.loads(stats_path.read_text())
 
 
+EXIT_PREEMPTED = 128 + 15  # the shell's code for "ended by SIGTERM": stopped on it, checkpoint saved
+
+
 def main(argv: list[str]) -> None:
     import logging
 
+    from eyas.train.checkpoint import Preempted
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    run(json.loads(Path(argv[0]).read_text()))
+    try:
+        run(json.loads(Path(argv[0]).read_text()))
+    except Preempted as exc:
+        logging.getLogger("eyas.train").error("%s", exc)
+        sys.exit(EXIT_PREEMPTED)
 
 
 if __name__ == "__main__":

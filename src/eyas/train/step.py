@@ -32,11 +32,15 @@ def activation_budget(device: torch.device) -> float:
     return torch.cuda.get_device_properties(device).total_memory / 4
 
 
-def train_step(spread: Replicated, teacher: Teacher, micro, settings, amp, device) -> dict:
+def train_step(
+    spread: Replicated, teacher: Teacher, micro, settings, amp, device, stop: bool = False
+) -> dict:
     """Forward/backward of this rank's micro-batches (None = an empty slot), gradients summed over ranks.
 
     Every part's loss is normalised by the step's global count of loss-carrying positions, so the
-    summed gradient is that of the whole global batch. Returns global metrics (no optimizer step).
+    summed gradient is that of the whole global batch. Returns global metrics (no optimizer step);
+    `stop` (this rank was asked to stop) rides on the metrics' all-reduce: metrics["stop"] is true on
+    every rank when any rank was asked.
     """
     world: distributed.World = spread.world
     config = spread.drafter.config
@@ -89,10 +93,12 @@ def train_step(spread: Replicated, teacher: Teacher, micro, settings, amp, devic
             part = [float(loss.detach()), batch.num_tokens, *m["correct"], *m["cond_count"]]
             sums += torch.tensor([*part, *m["cond_correct"]], dtype=torch.float64)
     spread.sum_gradients()
-    sums = distributed.all_reduce_sum(sums, world)
+    sums = torch.cat([sums, torch.tensor([float(stop)], dtype=torch.float64)])  # + the stop requests
+    sums, stops = distributed.all_reduce_sum(sums, world).split([len(sums) - 1, 1])
     correct, cond_count, cond_correct = sums[2:].view(3, steps)
     count = counts.tolist()
     return {
+        "stop": bool(stops[0] > 0),
         "loss": float(sums[0]),
         "tokens": int(sums[1]),
         "count": count,

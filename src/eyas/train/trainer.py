@@ -5,7 +5,9 @@ data parallelism (`ddp` or `fsdp`: parallel.py), checkpoint choice by simulated 
 `Checkpointer` (checkpoint.py: save, resume, best epoch, final output), the `TrainLog` (csvlog.py:
 log.csv and epochs.csv), the `OptimizerStep` below and the `EpochEnd` (validation.py: coverage check
 and held-out metrics). Resume is exact: a run killed at any point and restarted writes the same log
-rows, bit for bit on CPU, as one that never stopped.
+rows, bit for bit on CPU, as one that never stopped. SIGTERM (a cluster's preemption) stops the run
+after the step in progress with a checkpoint (`checkpoint.StopRequest`, `Preempted`); a NaN or infinite
+loss stops it before that step's update (`OptimizerStep`, `NonFiniteLoss`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from eyas.provenance import DRAFTER_PROVENANCE, sha256_file
 from eyas.store import STORE_IDENTITY, ProvenanceError, check_provenance
 from eyas.target import load_embed_and_head, load_target_tensor, read_config
 from eyas.train import distributed
-from eyas.train.checkpoint import Checkpointer, RunState, fingerprint
+from eyas.train.checkpoint import Checkpointer, Preempted, RunState, StopRequest, fingerprint
 from eyas.train.csvlog import TrainLog
 from eyas.train.loader import PairedLoader
 from eyas.train.parallel import spread_over_ranks
@@ -252,11 +254,15 @@ def train(
     end_epoch = EpochEnd(spread, checkpointer, heldout_metrics)
     train_log = TrainLog(log_path, settings.ttt_steps, world.main)
     train_log.start(run.log_rows)
-    step = OptimizerStep(spread, teacher, optimizer, scheduler, settings, amp, device, train_log)
+    stop = StopRequest()
+    step = OptimizerStep(
+        spread, teacher, optimizer, scheduler, settings, amp, device, train_log, checkpointer, stop
+    )
     show = settings.progress and world.main
     bar = tqdm(total=total, initial=run.step, disable=not show, desc="train", unit="step")
     metrics: dict = {"acc": [], "loss": None}
     try:
+        stop.__enter__()
         while run.step < total and run.epoch < settings.epochs:
             groups = distributed.step_groups(loader.plan(run.epoch), world.size, settings.grad_accum)
             mine = [distributed.rank_share(g, world.rank, settings.grad_accum) for g in groups]
@@ -269,14 +275,23 @@ def train(
                 if run.step >= total:
                     stopped = g + 1 < len(groups)
                     break
-                if settings.checkpoint_every and run.step % settings.checkpoint_every == 0:
+                if metrics["stop"] or (
+                    settings.checkpoint_every and run.step % settings.checkpoint_every == 0
+                ):
                     checkpointer.save(run, spread, optimizer, scheduler)
+                if metrics["stop"]:  # every rank sees it at the same step (train_step's all-reduce)
+                    batches.close()
+                    raise Preempted(
+                        f"train: stopped on SIGTERM after step {run.step} of {total}; checkpoint "
+                        f"{checkpointer.dir} saved, and rerunning the job resumes from it"
+                    )
             batches.close()
             end_epoch(run, complete=not stopped, padded=padded_slots(loader, run.epoch, world.size, settings))
             if stopped:
                 break
             run.epoch, run.group_in_epoch = run.epoch + 1, 0
     finally:
+        stop.__exit__()
         bar.close()
         train_log.close()
 
@@ -295,13 +310,27 @@ def padded_slots(loader: PairedLoader, epoch: int, world_size: int, settings) ->
     return distributed.padded_slots(len(loader.plan(epoch)), world_size, settings.grad_accum)
 
 
+class NonFiniteLoss(RuntimeError):
+    """The loss or the gradient norm of a step is NaN or infinite: training stops before that step's
+    update (see `OptimizerStep`)."""
+
+
 class OptimizerStep:
     """One optimizer step: forward/backward of this rank's micro-batches (`step.train_step`), clipping,
-    AdamW and schedule steps; it advances the run state and logs the step's row."""
+    AdamW and schedule steps; it advances the run state and logs the step's row.
 
-    def __init__(self, spread, teacher: Teacher, optimizer, scheduler, settings, amp, device, log: TrainLog):
+    The rule for a NaN or infinite loss or gradient norm: the step's update is not applied, nothing
+    is logged or saved for it, and training stops with `NonFiniteLoss` naming the step and the last
+    good checkpoint (never training on into garbage, never skipping steps silently). Both values are
+    global (summed over ranks), so every rank stops at the same step."""
+
+    def __init__(
+        self, spread, teacher: Teacher, optimizer, scheduler, settings, amp, device, log: TrainLog,
+        checkpointer: Checkpointer, stop: StopRequest,
+    ):  # fmt: skip
         self.spread, self.teacher, self.optimizer, self.scheduler = spread, teacher, optimizer, scheduler
         self.settings, self.amp, self.device, self.log = settings, amp, device, log
+        self.checkpointer, self.stop = checkpointer, stop
 
     def __call__(self, run: RunState, batches, share: list) -> dict:
         """Draw this rank's grad_accum micro-batches from `batches` (its `share` of the step group:
@@ -310,8 +339,12 @@ class OptimizerStep:
         micro = [next(batches) for _ in range(self.settings.grad_accum)]
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = train_step(self.spread, self.teacher, micro, self.settings, self.amp, self.device)
+        metrics = train_step(
+            self.spread, self.teacher, micro, self.settings, self.amp, self.device, self.stop.requested
+        )
         grad_norm = self.spread.clip_gradients(self.settings.grad_clip)
+        if not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm)):
+            raise NonFiniteLoss(self.non_finite_message(run, metrics["loss"], grad_norm))
         self.optimizer.step()
         self.scheduler.step()
         for rows_of_batch in share:
@@ -324,6 +357,19 @@ class OptimizerStep:
         run.log_rows.append(row)
         self.log.append(row)
         return metrics
+
+    def non_finite_message(self, run: RunState, loss: float, grad_norm: float) -> str:
+        last = self.checkpointer.last
+        where = (
+            f"last good checkpoint: {last[0]} (step {last[1]}); a rerun with the same settings resumes "
+            "there and meets this step again, and a changed setting starts from step 0"
+            if last is not None
+            else f"no checkpoint written yet (train.checkpoint_every = {self.settings.checkpoint_every})"
+        )
+        return (
+            f"train: loss {loss} / gradient norm {grad_norm} at step {run.step + 1} (epoch {run.epoch}): "
+            f"stopped before applying it. Usual cause: train.lr too high (now {self.settings.lr}); {where}"
+        )
 
 
 def run_stats(run: RunState, resumed_from: int, world_size: int, grad_accum: int, metrics: dict) -> dict:
