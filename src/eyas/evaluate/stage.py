@@ -266,7 +266,13 @@ def read_specdec_set(path: str, set_name: str, settings: EvaluateSettings, ident
         raise ValueError(f"{path}: field 'format' is {data.get('format')!r}, expected {SPECDEC_SET_FORMAT!r}")
     if data.get("set") != set_name:
         raise ValueError(f"{path}: field 'set' is {data.get('set')!r}, expected {set_name!r}")
-    for section, want in (("identity", identity), ("settings", specdec_settings(settings))):
+    return _check_made_with(path, data, identity=identity, settings=specdec_settings(settings))
+
+
+def _check_made_with(path: str, data: dict, **sections: dict) -> dict:
+    """`data` (a stage's JSON at `path`), refused naming the file and field unless each of its
+    `sections` holds the wanted values (the drafters' identity, the settings it was made with)."""
+    for section, want in sections.items():
         have = data.get(section) or {}
         for key, value in want.items():
             if have.get(key) != value:
@@ -352,12 +358,4 @@ def read_served(path: str, settings: EvaluateSettings, identity: dict) -> dict:
         "num_draft_tokens": list(settings.num_draft_tokens),
         "concurrency": settings.concurrency,
     }
-    for section, want in (("identity", identity), ("settings", want_settings)):
-        have = data.get(section) or {}
-        for key, value in want.items():
-            if have.get(key) != value:
-                raise ValueError(
-                    f"{path}: field '{section}.{key}' is {have.get(key)!r}, the current drafters and "
-                    f"config give {value!r}: it was made with another drafter or settings; rerun its job"
-                )
-    return data
+    return _check_made_with(path, data, identity=identity, settings=want_settings)
