@@ -126,7 +126,7 @@ def spec_engine_args(
     base: dict, draft_dir: str | os.PathLike, ks: list[int], concurrency: int, workdir
 ) -> dict:
     """EAGLE-3 chain drafting (top-k 1, k + 1 tokens a verify pass) at every k of `ks` in one engine,
-    starting at the first; at most `concurrency` requests at once. Writes the step-pinning policy
+    starting at the longest; at most `concurrency` requests at once. Writes the step-pinning policy
     into `workdir`."""
     if not ks or min(ks) < 1:
         raise ValueError(f"evaluate.num_draft_tokens: {ks} must be k >= 1")

@@ -224,7 +224,7 @@ def serve_drafters(
             order = sorted(ks, reverse=True)  # the engine starts at the longest chain
             for i, drafter in enumerate(names):
                 for j, k in enumerate(order):
-                    if i or j:  # the engine started with the first drafter at the first k
+                    if i or j:  # the engine started with the first drafter at the longest k
                         engine.select(drafter_exports[drafter], k)
                     for n, (set_name, prompts) in enumerate(prompt_sets.items()):
                         keep = record is not None and n == 0 and i == 0
