@@ -18,7 +18,7 @@ from eyas.model.drafter import Eagle3Drafter
 from eyas.store import ProvenanceError
 from eyas.train import trainer as trainer_mod
 from eyas.train.csvlog import TrainLog
-from eyas.train.loader import PairedLoader
+from eyas.train.loader import PairedLoader, conversation_kept
 from eyas.train.trainer import lr_factor, train
 from eyas.vocab import save_draft_vocab
 
@@ -40,6 +40,27 @@ def test_loader_plan_is_deterministic_and_within_budget(data):
         assert torch.equal(a.aux, b.aux) and torch.equal(a.input_ids, b.input_ids)
         assert a.aux.shape[-1] == 3 * 64 and bool((a.input_ids[~a.valid] == 0).all())
         assert not a.aux[~a.valid].any() and not a.final[~a.valid].any()  # padding is zeros
+
+
+def test_data_fraction_keeps_nested_conversation_subsets():
+    ids = [f"conv-{i}" for i in range(2000)]
+    kept = {f: {c for c in ids if conversation_kept(c, f, seed=0)} for f in (0.25, 0.5, 1.0)}
+    assert kept[0.25] < kept[0.5] < kept[1.0] == set(ids)  # nested, and 1.0 keeps everything
+    assert abs(len(kept[0.25]) / 2000 - 0.25) < 0.04 and abs(len(kept[0.5]) / 2000 - 0.5) < 0.04
+    # samples of one conversation (regenerated "<id>#s<n>") stay together
+    assert all(conversation_kept(f"{c}#s3", 0.5, 0) == (c in kept[0.5]) for c in ids)
+    assert kept[0.5] != {c for c in ids if conversation_kept(c, 0.5, seed=1)}  # the seed picks
+
+
+def test_loader_data_fraction_drops_whole_conversations(data):
+    full = PairedLoader(data["shards"], data["stores"], 64, 0, data["expected"], prefetch=0)
+    half = PairedLoader(data["shards"], data["stores"], 64, 0, data["expected"], prefetch=0, fraction=0.5)
+    ids = [f"s{i}" for i in range(5)]  # both shards use the ids s0..s4
+    kept = [i for i in ids if conversation_kept(i, 0.5, 0)]
+    assert 0 < len(kept) < 5
+    assert len(half.samples) == 2 * len(kept) and half.skipped_by_fraction == 2 * (5 - len(kept))
+    assert len(half.samples) + half.skipped_by_fraction == len(full.samples)
+    assert sorted(half.samples[:, 1].tolist()) == sorted(2 * [int(i[1:]) for i in kept])
 
 
 def test_loader_refuses_mismatched_pairs(data):

@@ -27,9 +27,12 @@ class ConfigError(ValueError):
     pass
 
 
-def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, lt: float | None = None):
-    """A settings field with bounds (`ge` <= v, `gt` < v < `lt`), checked where the config is loaded."""
-    return field(default=default, metadata={"bounds": (ge, gt, lt)})
+Bound = float | None
+
+
+def bounded(default: Any, *, ge: Bound = None, gt: Bound = None, lt: Bound = None, le: Bound = None):
+    """A settings field with bounds (`ge` <= v <= `le`, `gt` < v < `lt`), checked at config load."""
+    return field(default=default, metadata={"bounds": (ge, gt, lt, le)})
 
 
 @dataclass
@@ -129,6 +132,10 @@ class TrainSettings:
     """Passes over the train stores."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (null = run all epochs)."""
+    data_fraction: float = bounded(1.0, gt=0, le=1)
+    """Train on this fraction of the training conversations (all samples of a conversation, e.g. its
+    regenerated samples, together), chosen by a hash of the conversation id and `seed`: a smaller
+    fraction is a subset of a larger one. For data-scaling curves from one extraction."""
     lr: float = 1e-3
     """Peak AdamW learning rate. A step whose loss or gradient norm is NaN or infinite (e.g. an lr far
     too high) stops training before its update, with an error naming the step and the last good
@@ -413,12 +420,14 @@ def _build(cls: type, values: Any, key: str):
 def _check_bounds(cls: type, values: dict, key: str) -> None:
     """The bounds `bounded` put on fields, for the values given (null passes: it means the default)."""
     for f in dataclasses.fields(cls):
-        ge, gt, lt = f.metadata.get("bounds", (None, None, None))
+        ge, gt, lt, le = f.metadata.get("bounds", (None, None, None, None))
         value, name = values.get(f.name), f"{key}.{f.name}" if key else f.name
         if value is None:
             continue
         if ge is not None and value < ge:
             raise ConfigError(f"{name} must be >= {ge}, got {value}")
+        if le is not None and value > le:
+            raise ConfigError(f"{name} must be <= {le}, got {value}")
         if (gt is not None and value <= gt) or (lt is not None and value >= lt):
             raise ConfigError(f"{name} must be in ({gt}, {lt}), got {value}")
 

@@ -11,6 +11,8 @@ batches without reading them.
 
 from __future__ import annotations
 
+import hashlib
+import re
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -27,6 +29,18 @@ from eyas.store import HiddenStore, ProvenanceError, check_provenance, read_toke
 TOKEN_FIELDS = ("model_id", "tokenizer_hash", "chat_template_hash")  # provenance a token shard carries
 SORT_WINDOW = 64  # samples sorted by length together: less padding, order still random across windows
 MIN_LENGTH = 3  # a sample needs t + 2 < T for one loss position
+SAMPLE_SUFFIX = re.compile(r"#s\d+$")  # regenerated samples of one conversation: "<id>#s<n>"
+
+
+def conversation_kept(sample_id: str, fraction: float, seed: int) -> bool:
+    """Whether a sample's conversation is in the `fraction` subset: sha256(seed, conversation id) read
+    as a number in [0, 1) is below `fraction`, so subsets are nested and samples of one conversation
+    stay together."""
+    if fraction >= 1:
+        return True
+    conversation = SAMPLE_SUFFIX.sub("", sample_id)
+    digest = hashlib.sha256(f"{seed}:{conversation}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
 @dataclass
@@ -59,7 +73,8 @@ class PairedLoader:
     expected: provenance fields every hidden store must carry (`check_provenance`); the subset in
     TOKEN_FIELDS is also checked on the token shards. Samples shorter than MIN_LENGTH or without a
     trainable token at index >= 2 are skipped (they can carry no loss). prefetch: batches read ahead
-    (0 = read in the caller's thread); readers: threads reading those batches.
+    (0 = read in the caller's thread); readers: threads reading those batches. fraction: train on
+    that share of the conversations (`conversation_kept`); `skipped_by_fraction` counts the others.
     """
 
     def __init__(
@@ -72,6 +87,7 @@ class PairedLoader:
         prefetch: int = 2,
         pin_memory: bool = False,
         readers: int = 4,
+        fraction: float = 1.0,
     ):
         if len(token_shards) != len(hidden_stores):
             raise ValueError(f"{len(token_shards)} token shards but {len(hidden_stores)} hidden stores")
@@ -88,13 +104,20 @@ class PairedLoader:
         self.tokens = []  # per pair: (input_ids, loss_mask, offsets) numpy
         samples = []  # (pair, sample, length)
         self.store_attrs: list[dict] = []
+        self.skipped_by_fraction = 0
         for pair, (tok_path, hid_path) in enumerate(zip(token_shards, hidden_stores, strict=True)):
             shard = read_token_shard(tok_path)
             store = HiddenStore(hid_path)
             check_pair(shard, store, tok_path, hid_path, expected)
             self.store_attrs.append(store.attrs)
             self.tokens.append((shard.input_ids, shard.loss_mask, shard.sample_offsets))
+            ids = shard.attrs.get("sample_ids") or []
+            if fraction < 1 and len(ids) != shard.num_samples:
+                raise ProvenanceError(f"{tok_path}: has no sample_ids for train.data_fraction")
             for s in range(shard.num_samples):
+                if fraction < 1 and not conversation_kept(ids[s], fraction, seed):
+                    self.skipped_by_fraction += 1
+                    continue
                 lo, hi = int(shard.sample_offsets[s]), int(shard.sample_offsets[s + 1])
                 if hi - lo >= MIN_LENGTH and shard.loss_mask[lo + 2 : hi].any():
                     samples.append((pair, s, hi - lo))

@@ -155,6 +155,7 @@ def make_loader(settings, token_shards, hidden_stores, expected_provenance, devi
         expected_provenance,
         pin_memory=device.type == "cuda",
         readers=loader_readers(device, threads),
+        fraction=settings.data_fraction,
     )
 
 
@@ -296,6 +297,7 @@ def train(
         train_log.close()
 
     stats = run_stats(run, resumed_from, world.size, settings.grad_accum, metrics)
+    stats.update(samples=len(loader.samples), samples_skipped_by_fraction=loader.skipped_by_fraction)
     whole = checkpointer.save(run, spread, optimizer, scheduler)  # final weights, gathered once
     if world.main:
         checkpointer.write_output(whole, stats, best=bool(run.best))

@@ -1,0 +1,196 @@
+"""Settings sweep and data curve of a recipe, from finished runs' stores, judged by the served tau.
+
+    python3 bench/recipe_sweep.py --plan bench/recipe_sweep.json --model /root/smollm2 \
+        --out OUT/recipe-sweep.json [--no-served]
+
+The plan (JSON) names the config files of the recipe, the held-out prompt file, the served settings and
+the variants. A variant either takes a drafter a pipeline already trained (`"drafter": DIR`, its train
+time read from the run's `benchmarks/train.tsv`) or trains one here from a run's stores
+(`"run": RESULTS_DIR`, the recipe's `train` settings with the variant's `"train"` overrides). Every
+drafter is then served in ONE SGLang engine (the served evaluation of `rule served`: the drafters
+swapped into the running draft model, each k pinned) on the same held-out prompts. Written per variant:
+its settings, training seconds on this device, tokens, steps, the best held-out simulated tau of
+training, the served tau at each k and tau per device-minute of training (GPU recipe table of
+bench/README.md). Draft vocab sizes must be equal across variants (the swap copies tensors in place).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from eyas.config import TrainSettings, load_config
+from eyas.provenance import model_hash
+from eyas.store import read_token_shard, shard_paths
+
+
+def merged_config(paths: list[str]):
+    """The recipe's Config: config files applied in order, nested keys merged."""
+
+    def merge(base: dict, over: dict) -> dict:
+        out = dict(base)
+        for key, value in over.items():
+            nested = isinstance(value, dict) and isinstance(out.get(key), dict)
+            out[key] = merge(out[key], value) if nested else value
+        return out
+
+    values: dict = {}
+    for path in paths:
+        values = merge(values, yaml.safe_load(Path(path).read_text()))
+    return load_config(values)
+
+
+def train_inputs(run: Path, model_dir: str, out: Path) -> dict:
+    """`trainer.train`'s inputs for a run's results dir (as scripts/train.py builds them)."""
+    token_shards = shard_paths(run / "tokens" / "train")
+    first = read_token_shard(token_shards[0]).attrs
+    stores = sorted(str(p) for p in (run / "hidden" / "train").glob("shard-*.zarr"))
+    return dict(
+        token_shards=token_shards,
+        hidden_stores=stores,
+        vocab_path=str(run / "vocab" / "draft_vocab.safetensors"),
+        model_dir=model_dir,
+        out_dir=str(out / "drafter"),
+        log_path=str(out / "log.csv"),
+        expected_provenance={
+            "model_id": first["model_id"],
+            "model_hash": model_hash(model_dir),
+            "tokenizer_hash": first["tokenizer_hash"],
+            "chat_template_hash": first["chat_template_hash"],
+        },
+        manifests=[s.removesuffix(".zarr") + ".manifest.json" for s in stores],
+        heldout={
+            "token_shards": shard_paths(run / "tokens" / "eval"),
+            "hidden_stores": sorted(str(p) for p in (run / "hidden" / "eval").glob("shard-*.zarr")),
+        },
+        threads=16,
+    )
+
+
+def best_epoch(epochs_csv: Path) -> dict:
+    """Held-out simulated tau and step-0 accuracy of every epoch, and the best tau."""
+    with open(epochs_csv) as fh:
+        rows = [r for r in csv.DictReader(fh) if r.get("simulated_tau")]
+    taus = [float(r["simulated_tau"]) for r in rows]
+    return {
+        "sim_tau_by_epoch": taus,
+        "acc0_by_epoch": [float(r["acc_0"]) for r in rows],
+        "best_sim_tau": max(taus) if taus else None,
+    }
+
+
+def train_variant(variant: dict, base: TrainSettings, model_dir: str, workdir: Path) -> dict:
+    """Train one variant here (timed on this device); returns its drafter dir and figures."""
+    from eyas.train.trainer import train
+
+    settings = dataclasses.replace(base, **variant.get("train", {}))
+    out = workdir / variant["name"]
+    out.mkdir(parents=True, exist_ok=True)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    stats = train(settings, **train_inputs(Path(variant["run"]), model_dir, out))
+    seconds = time.perf_counter() - start
+    return {
+        "drafter": str(out / "drafter"),
+        "run": variant["run"],
+        "train": dataclasses.asdict(settings),
+        "train_seconds": seconds,
+        "stats": stats,
+        **best_epoch(out / "epochs.csv"),
+    }
+
+
+def pipeline_variant(variant: dict) -> dict:
+    """A drafter the pipeline trained: its settings and time from the run's own files."""
+    drafter = Path(variant["drafter"])
+    config = json.loads((drafter / "config.json").read_text())
+    results = drafter.parents[1]
+    with open(results / "benchmarks" / "train.tsv") as fh:
+        seconds = float(next(csv.DictReader(fh, delimiter="\t"))["s"])
+    return {
+        "drafter": str(drafter),
+        "train": config.get("train_settings"),
+        "train_seconds": seconds,
+        "stats": config.get("train_stats"),
+        **best_epoch(results / "train" / "epochs.csv"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--plan", required=True, type=Path)
+    parser.add_argument("--model", required=True, help="the target's HF dir")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/eyas-sweep"))
+    parser.add_argument("--no-served", action="store_true", help="train only (CPU smoke runs)")
+    args = parser.parse_args()
+    plan = json.loads(args.plan.read_text())
+    config = merged_config(plan["configs"])
+    base = dataclasses.replace(config.train, progress=False, checkpoint_every=0)
+    results: dict = {}
+    for variant in plan["variants"]:
+        if "drafter" in variant:
+            results[variant["name"]] = pipeline_variant(variant)
+        else:
+            results[variant["name"]] = train_variant(variant, base, args.model, args.workdir)
+        figures = results[variant["name"]]
+        print(variant["name"], figures["train_seconds"], figures["best_sim_tau"], flush=True)
+    served = None if args.no_served else serve(plan, config, results, args.model, args.workdir)
+    for name, figures in results.items():
+        if served is not None:
+            by_k = served["sets"]["heldout"][name if name != plan["variants"][0]["name"] else "trained"]
+            figures["served_tau"] = {k: r["tau"] for k, r in by_k.items()}
+            minutes = figures["train_seconds"] / 60
+            figures["tau_per_train_minute"] = {k: (t - 1) / minutes for k, t in figures["served_tau"].items()}
+    report = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor(),
+        "torch": torch.__version__,
+        "plan": plan,
+        "variants": results,
+        "served": served,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def serve(plan: dict, config, results: dict, model_dir: str, workdir: Path) -> dict:
+    """One served evaluation of every variant's drafter (the first is `trained`, the rest baselines)."""
+    from eyas.evaluate.stage import run_served
+    from eyas.export import export_sglang
+    from eyas.layer_ids import text_model_type
+    from eyas.target import read_config
+
+    names = list(results)
+    first = results[names[0]]["drafter"]
+    export = workdir / "first-sglang"
+    export_sglang(first, export, text_model_type(read_config(model_dir)))
+    settings = dataclasses.replace(config.evaluate, **plan.get("evaluate", {}))
+    return run_served(
+        set_paths={"heldout": plan["heldout"]},
+        set_formats={},
+        drafter_dir=first,
+        export_dir=str(export),
+        model_dir=model_dir,
+        out_json=str(workdir / "served.json"),
+        settings=settings,
+        engine_settings=config.extract.sglang,
+        baselines=[{"name": n, "path": results[n]["drafter"]} for n in names[1:]],
+    )
+
+
+if __name__ == "__main__":
+    main()
