@@ -2,8 +2,8 @@
 # The GPU recipe (config/gpu-smollm2.yaml) through Snakemake on a lent H200 (no network there), in
 # steps that fit the device calls (bench/README.md, "GPU recipe"):
 #
-#   bash bench/recipe_device.sh site                 # carried .sgls (sglang 0.5.17 site), .smk (Snakemake)
-#   bash bench/recipe_device.sh part1                # carried .dev/p1 (first half of the SmolLM2 GGUF)
+#   bash bench/recipe_device.sh site                 # carried .sgls (sglang 0.5.17 site)
+#   bash bench/recipe_device.sh part1                # carried .dev/p1 (first half of the SmolLM2 GGUF), .smk
 #   bash bench/recipe_device.sh model                # carried .dev/p2, .whl: the HF dir /root/smollm2
 #   bash bench/recipe_device.sh start RUN [snakemake args...]   # Snakemake in the background, in RUN
 #                                              (EXTRA_CONFIG="regenerate={enabled: false}": more --config)
@@ -22,16 +22,17 @@ export GIT_PYTHON_REFRESH=quiet  # GitPython (imported by Snakemake) must not ne
 step=$1; shift
 case $step in
   site)
-    mkdir -p /tmp/site /tmp/smk
+    mkdir -p /tmp/site
     tar -xJf .sgls/site_full.tar.xz -C /tmp/site
-    tar -xJf .smk/smk.tar.xz -C /tmp/smk
     # sglang 0.5.17's EAGLE-3 worker imports deep_gemm while it captures CUDA graphs; with its JIT
     # off an empty module is all that import needs (docs/sglang.md).
     mkdir -p /tmp/site/deep_gemm && touch /tmp/site/deep_gemm/__init__.py
-    PYTHONPATH=/tmp/site:/tmp/smk python3 -c "import sglang, snakemake; print('sglang', sglang.__version__)"
+    PYTHONPATH=/tmp/site python3 -c "import sglang; print('sglang', sglang.__version__)"
     ;;
   part1)
-    mkdir -p /root/p1 && cp .dev/p1/* /root/p1/
+    mkdir -p /root/p1 /tmp/smk && cp .dev/p1/* /root/p1/
+    tar -xJf .smk/smk.tar.xz -C /tmp/smk
+    PYTHONPATH=/tmp/site:/tmp/smk python3 -m snakemake --version
     ;;
   model)
     mkdir -p .dev/p1 && cp /root/p1/* .dev/p1/
