@@ -15,7 +15,7 @@
 # .smk/smk.tar.xz: snakemake 9.27.1 and the dependencies the GPU image lacks, installed for Python 3.12
 # (pulp's bundled CBC binaries left out: runs use --scheduler greedy). .devdata: the five llamafactory
 # demo files and HumanEval, fetched here by the pipeline's own rules (results/assets/{data,eval}).
-# The tree is copied to /root/eyas when a run starts, so later calls' copies of it do not touch it.
+# The tree is copied to /root/eyas when the first run starts, so later calls' copies of it do not touch it.
 set -euo pipefail
 export PYTHONPATH="/root/eyas/src:/tmp/site:/tmp/smk" SGLANG_ENABLE_JIT_DEEPGEMM=0 PYTHONUNBUFFERED=1
 export GIT_PYTHON_REFRESH=quiet  # GitPython (imported by Snakemake) must not need a git binary
@@ -40,12 +40,13 @@ case $step in
     ;;
   start)
     run=$1; shift
-    rm -rf /root/eyas && mkdir -p /root/eyas && cp -r Snakefile config rules scripts src profiles envs report /root/eyas/
+    [[ -d /root/eyas ]] || { mkdir -p /root/eyas && cp -r Snakefile config rules scripts src profiles envs report /root/eyas/; }
     mkdir -p "$run/results/assets"
     [[ -d $run/results/assets/data ]] || cp -r .devdata/data .devdata/eval "$run/results/assets/"
     cd "$run"
-    setsid nohup python3 -m snakemake -s /root/eyas/Snakefile -d "$run" --cores 16 --scheduler greedy \
-      --config "model={source: /root/smollm2}" ${EXTRA_CONFIG:+"$EXTRA_CONFIG"} "$@" > "$run/snakemake.out" 2>&1 < /dev/null &
+    # targets and --configfile first: --config takes every word after it
+    setsid nohup python3 -m snakemake "$@" -s /root/eyas/Snakefile -d "$run" --cores 16 --scheduler greedy \
+      --config "model={source: /root/smollm2}" ${EXTRA_CONFIG:+"$EXTRA_CONFIG"} > "$run/snakemake.out" 2>&1 < /dev/null &
     echo $! > "$run/snakemake.pid"
     sleep 5; tail -5 "$run/snakemake.out"
     ;;
