@@ -151,10 +151,28 @@ def gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
     model.tie_weights()
+    _special_tokens_from_gguf(gguf_path, tokenizer)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return Path(out_dir)
+
+
+GGUF_SPECIAL_TOKENS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id"}
+
+
+def _special_tokens_from_gguf(gguf_path: Path, tokenizer) -> None:
+    """Set bos/eos from the GGUF's own metadata: transformers 5.12.1 reads SmolLM2's eos as
+    `<|im_start|>` (5.25 reads `<|im_end|>`, the file's eos id 2), and with the wrong eos every
+    assistant turn loses its end-of-turn and tokenize rejects all samples (seen on the H200 image)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(gguf_path).fields
+    for name, key in GGUF_SPECIAL_TOKENS.items():
+        if key in fields:
+            field = fields[key]
+            token = tokenizer.convert_ids_to_tokens(int(field.parts[field.data[0]][0]))
+            setattr(tokenizer, f"{name}_token", token)
 
 
 def fetch_default_data(out_dir: str | os.PathLike, files: list[str]) -> list[Path]:
