@@ -225,7 +225,8 @@ def run_regenerate(
 ) -> dict:
     """The regenerate stage (rule regenerate): `settings` (RegenerateSettings) picks the backend,
     `engine_settings` (extract.sglang) configures an SGLang engine. Both outputs are written
-    atomically, the conversations once every response is in. Returns the counts."""
+    atomically, the conversations once every response is in; an SGLang engine that dies first raises
+    `EngineDied` and neither output is written. Returns the counts."""
     from eyas.target import load_target, load_tokenizer, resolve_device
 
     tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
@@ -249,7 +250,7 @@ def run_regenerate(
         args = generation_engine_args(
             base | user_engine_args(engine_settings.engine_args, None), settings.seed
         )
-        engine = start_engine(args, speculative=False)
+        engine = start_engine(args, speculative=False, stage=f"regenerate {out_conversations}")
         try:
             generate = SglangGenerator(engine, eos_token_ids={tokenizer.eos_token_id}, **sampling)
             stats = regenerate_split(conversations, out_conversations, generate, tokenizer, **run)
