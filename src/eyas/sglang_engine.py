@@ -313,7 +313,7 @@ def _dead_processes(watchdog) -> str:
         for proc, name in zip(procs, names, strict=False)
         if not proc.is_alive() and proc.exitcode != 0
     ]
-    return ", ".join(dead) or "an engine process"
+    return ", ".join(dead) or "an engine process (its error is logged above)"
 
 
 def death_message(stage: str, what: str) -> str:
@@ -367,6 +367,17 @@ async def _create_handle_loop(tokenizer_manager) -> None:
     tokenizer_manager.auto_create_handle_loop()
 
 
+def _sigquit_while_starting(stage: str, signum=None, frame=None) -> None:
+    """The engine's `custom_sigquit_handler` (a ServerArgs field SGLang installs instead of its
+    start-up handler, which kills the job process: `_set_envs_and_config`, `entrypoints/engine.py` of
+    0.5.17 and 0.5.23). An engine process that fails as the engine starts sends the job process
+    SIGQUIT (`run_scheduler_process`'s `except`); this raises `EngineDied` from the start instead.
+    Module-level (bound by `functools.partial`): spawn pickles the ServerArgs to the engine processes."""
+    raise EngineDied(
+        death_message(stage, "an engine process failed as the engine started (its error is above)")
+    )
+
+
 def engine_class():
     """`sglang.Engine` that raises `EngineDied` when one of its processes dies as it starts or later,
     during a call."""
@@ -378,20 +389,23 @@ def engine_class():
     class EyasEngine(Engine):
         def __init__(self, *, stage: str, **kwargs):
             self.stage, self.died = stage, None
+            quit_handler = functools.partial(_sigquit_while_starting, stage)
             try:
-                super().__init__(**kwargs)
+                super().__init__(**kwargs, custom_sigquit_handler=quit_handler)
+            except EngineDied:
+                kill_process_tree(os.getpid(), include_parent=False)
+                raise
             except RuntimeError as err:
                 # What SGLang raises when a scheduler dies before it is ready (`_wait_for_scheduler_ready`,
                 # `entrypoints/engine.py` of 0.5.17 and 0.5.23); the engine's other processes would live
-                # until the job exits (its atexit shutdown). A scheduler that fails with a Python error
-                # instead sends SIGQUIT first, and SGLang's start-up handler kills the job process.
+                # until the job exits (its atexit shutdown).
                 kill_process_tree(os.getpid(), include_parent=False)
                 raise EngineDied(death_message(stage, f"it did not start: {err}")) from err
             manager = self.tokenizer_manager
             manager.signal_handler_class = functools.partial(handler, engine=self)
             # SGLang installs the tokenizer manager's SIGQUIT handler at its first request; until
-            # then SGLang's start-up handler is in place, which kills the job process. Installed now,
-            # a death before the first request (while the stage prepares its prompts) is caught too.
+            # then the start-up one is in place. Installed now, a death before the first request
+            # (while the stage prepares its prompts) stops the next call too.
             self.loop.run_until_complete(_create_handle_loop(manager))
 
         def call(self, function, *args, **kwargs):
