@@ -56,7 +56,7 @@ def main() -> None:
     base = base_engine_args(
         SglangSettings(attention_backend=args.attention_backend), args.model, "bfloat16", False
     )
-    engine = start_engine(generation_engine_args(base, 0), speculative=False)
+    engine = start_engine(generation_engine_args(base, 0), speculative=False, stage="bench regenerate")
     results["sglang_start_seconds"] = time.perf_counter() - start
     try:
         generate = SglangGenerator(

@@ -23,10 +23,16 @@ One served engine measures every drafter at every k: `DraftSwapEngine.select(dir
   and switches between them; eyas gives it the k list as candidates with an acceptance policy that
   never moves on its own (its warm-up never ends), and pins the k it measures.
 The request carrying both is an update-weights request whose `weight_version` is `eyas:steps=<k>`.
+
+Regeneration's and served evaluation's engines (`start_engine`) are `EyasEngine`s: when one of its
+processes dies, the engine's start or the call in flight raises `EngineDied` naming the stage, instead
+of SGLang killing the job process (`_death_handler_class`); the stage's `finally` blocks run, and as
+its outputs are written atomically once the engine's work is done, nothing that looks finished is left.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -292,11 +298,138 @@ def draft_swap_scheduler_process(*args, **kwargs):
 
 
 # --------------------------------------------------------------------------- in the job process
-def draft_swap_engine_class():
-    """An `Engine` subclass whose scheduler processes accept `select` (drafter and k)."""
-    from sglang.srt.entrypoints.engine import Engine
+class EngineDied(RuntimeError):
+    """An SGLang engine process (a scheduler, the detokenizer) died while a stage was using the engine."""
 
-    class DraftSwapEngine(Engine):
+
+def _dead_processes(watchdog) -> str:
+    """'scheduler_0 (pid 123, exit code -9)' for each engine process that exited with an error, read
+    from SGLang's `SubprocessWatchdog` (its `_processes` and `_names`: `srt/utils/watchdog.py` of
+    0.5.17 and 0.5.23), which watches every scheduler and detokenizer process of the engine."""
+    procs = list(getattr(watchdog, "_processes", None) or [])
+    names = list(getattr(watchdog, "_names", None) or [f"process_{i}" for i in range(len(procs))])
+    dead = [
+        f"{name} (pid {proc.pid}, exit code {proc.exitcode})"
+        for proc, name in zip(procs, names, strict=False)
+        if not proc.is_alive() and proc.exitcode != 0
+    ]
+    return ", ".join(dead) or "an engine process (its error is logged above)"
+
+
+def death_message(stage: str, what: str) -> str:
+    """The error of a stage whose engine died: `what` happened, what the job did, what to do."""
+    return (
+        f"{stage}: the SGLang engine died: {what} (eyas stopped the engine's other processes). The job "
+        "stops here without writing its outputs. Rerun it: Snakemake reruns a job whose outputs are "
+        "missing. If it dies again, the lines above say why (out of GPU memory, a crash in a kernel or "
+        "in NCCL)."
+    )
+
+
+def _death_handler_class():
+    """SGLang's SIGQUIT handler of a running engine, except that the job process lives on.
+
+    When an engine process dies, SGLang's `SubprocessWatchdog` (a thread of the job process; sglang
+    0.5.17 and 0.5.23 `srt/utils/watchdog.py`) sends SIGQUIT to the job process, and the tokenizer
+    manager's `SignalHandler.running_phase_sigquit_handler` (`srt/managers/tokenizer_manager.py`) calls
+    `kill_process_tree(os.getpid())`: it SIGKILLs the engine's processes and then the job process
+    itself. A job killed so runs no `finally` and says nothing of why. Here the engine's processes are
+    killed as SGLang kills them (GPU memory freed), the job process is spared, the engine is marked
+    dead and its event loop stopped, so the engine call in flight fails and `EyasEngine` raises
+    `EngineDied`, naming the stage and the process that died."""
+    from sglang.srt.managers.tokenizer_manager import SignalHandler
+    from sglang.srt.utils.common import kill_process_tree
+
+    class EngineDeathHandler(SignalHandler):
+        def __init__(self, tokenizer_manager, engine=None):
+            super().__init__(tokenizer_manager)
+            self.engine = engine
+
+        def running_phase_sigquit_handler(self, signum=None, frame=None):
+            manager = self.tokenizer_manager
+            watchdog = manager._subprocess_watchdog
+            dead = _dead_processes(watchdog)
+            what = f"{dead} exited while the engine was in use (SGLang's watchdog noticed)"
+            self.engine.died = death_message(self.engine.stage, what)
+            log.error(self.engine.died)
+            try:
+                if watchdog is not None:
+                    watchdog.stop()
+                manager.dump_requests_before_crash()  # SGLang's crash dump, where one is configured
+                kill_process_tree(os.getpid(), include_parent=False)
+            finally:
+                asyncio.get_running_loop().stop()  # the call waiting on the dead engine returns
+
+    return EngineDeathHandler
+
+
+async def _create_handle_loop(tokenizer_manager) -> None:
+    tokenizer_manager.auto_create_handle_loop()
+
+
+def _sigquit_while_starting(stage: str, signum=None, frame=None) -> None:
+    """The engine's `custom_sigquit_handler` (a ServerArgs field SGLang installs instead of its
+    start-up handler, which kills the job process: `_set_envs_and_config`, `entrypoints/engine.py` of
+    0.5.17 and 0.5.23). An engine process that fails as the engine starts sends the job process
+    SIGQUIT (`run_scheduler_process`'s `except`); this raises `EngineDied` from the start instead.
+    Module-level (bound by `functools.partial`): spawn pickles the ServerArgs to the engine processes."""
+    raise EngineDied(
+        death_message(stage, "an engine process failed as the engine started (its error is above)")
+    )
+
+
+def engine_class():
+    """`sglang.Engine` that raises `EngineDied` when one of its processes dies as it starts or later,
+    during a call."""
+    from sglang.srt.entrypoints.engine import Engine
+    from sglang.srt.utils.common import kill_process_tree
+
+    handler = _death_handler_class()
+
+    class EyasEngine(Engine):
+        def __init__(self, *, stage: str, **kwargs):
+            self.stage, self.died = stage, None
+            quit_handler = functools.partial(_sigquit_while_starting, stage)
+            try:
+                super().__init__(**kwargs, custom_sigquit_handler=quit_handler)
+            except EngineDied:
+                kill_process_tree(os.getpid(), include_parent=False)
+                raise
+            except RuntimeError as err:
+                # What SGLang raises when a scheduler dies before it is ready (`_wait_for_scheduler_ready`,
+                # `entrypoints/engine.py` of 0.5.17 and 0.5.23); the engine's other processes would live
+                # until the job exits (its atexit shutdown).
+                kill_process_tree(os.getpid(), include_parent=False)
+                raise EngineDied(death_message(stage, f"it did not start: {err}")) from err
+            manager = self.tokenizer_manager
+            manager.signal_handler_class = functools.partial(handler, engine=self)
+            # SGLang installs the tokenizer manager's SIGQUIT handler at its first request; until
+            # then the start-up one is in place. Installed now, a death before the first request
+            # (while the stage prepares its prompts) stops the next call too.
+            self.loop.run_until_complete(_create_handle_loop(manager))
+
+        def call(self, function, *args, **kwargs):
+            """`function(*args, **kwargs)`, raising `EngineDied` when the engine is or becomes dead (a
+            request to a dead scheduler would otherwise wait for ever)."""
+            if self.died:
+                raise EngineDied(self.died)
+            try:
+                return function(*args, **kwargs)
+            except BaseException as err:
+                if self.died:
+                    raise EngineDied(self.died) from err
+                raise
+
+        def generate(self, *args, **kwargs):
+            return self.call(super().generate, *args, **kwargs)
+
+    return EyasEngine
+
+
+def draft_swap_engine_class():
+    """An `EyasEngine` whose scheduler processes accept `select` (drafter and k)."""
+
+    class DraftSwapEngine(engine_class()):
         run_scheduler_process_func = staticmethod(draft_swap_scheduler_process)
 
         def select(self, draft_dir: str | os.PathLike, k: int) -> None:
@@ -307,8 +440,10 @@ def draft_swap_engine_class():
             if not is_eagle3_draft_dir(path):
                 raise ValueError(f"{path}/config.json: not an {EAGLE3_DRAFT_ARCH} drafter export")
             request = UpdateWeightFromDiskReqInput(model_path=path, weight_version=f"{STEPS_PREFIX}{k}")
-            result = self.loop.run_until_complete(
-                self.tokenizer_manager.update_weights_from_disk(request, None)
+            result = self.call(
+                lambda: self.loop.run_until_complete(
+                    self.tokenizer_manager.update_weights_from_disk(request, None)
+                )
             )
             if not result[0]:
                 raise RuntimeError(f"SGLang did not serve the drafter {path} at k={k}: {result[1]}")
@@ -316,8 +451,9 @@ def draft_swap_engine_class():
     return DraftSwapEngine
 
 
-def start_engine(args: dict, *, speculative: bool):
-    """A running engine for `args` (checked against the installed ServerArgs first)."""
+def start_engine(args: dict, *, speculative: bool, stage: str):
+    """A running engine for `args` (checked against the installed ServerArgs first); `stage` names
+    the job in the error raised when the engine dies."""
     import sglang
 
     check_tested(sglang.__version__, "sglang engine")
@@ -326,8 +462,5 @@ def start_engine(args: dict, *, speculative: bool):
         raise ValueError(
             f"engine args {sorted(unknown)} are not ServerArgs fields of sglang {sglang.__version__}"
         )
-    if speculative:
-        return draft_swap_engine_class()(**args)
-    from sglang.srt.entrypoints.engine import Engine
-
-    return Engine(**args)
+    cls = draft_swap_engine_class() if speculative else engine_class()
+    return cls(stage=stage, **args)

@@ -11,6 +11,11 @@ committed run (docs/faults-summary.json) is made by
     EYAS_FAULTS_MERGE=results/faults/summary.json .venv-sglang/bin/python -m pytest -q \
         tests/faults/test_sglang_engine_death.py   # needs `make test-sglang` first
     cp results/faults/summary.json docs/faults-summary.json
+
+The SLURM case (test_slurm_preempt.py) runs only with EYAS_SLURM=1 and the SLURM of
+tests/cluster/ci_up.sh up. Where it cannot run, `EYAS_FAULTS_MERGE=docs/faults-summary.json` on the
+first command keeps the committed summary's cases that this run skips, the SLURM case among them; the
+recorded `command` then begins with the command of the run they come from.
 """
 
 from __future__ import annotations

@@ -210,3 +210,57 @@ def regenerate_split(
                 fh.write(json.dumps(out, ensure_ascii=False) + "\n")
                 stats["samples_written"] += 1
     return stats
+
+
+def run_regenerate(
+    conversations: str | os.PathLike,
+    out_conversations: str | os.PathLike,
+    out_stats: str | os.PathLike,
+    model_dir: str | os.PathLike,
+    *,
+    settings,
+    engine_settings,
+    max_length: int,
+    trust_remote_code: bool = False,
+) -> dict:
+    """The regenerate stage (rule regenerate): `settings` (RegenerateSettings) picks the backend,
+    `engine_settings` (extract.sglang) configures an SGLang engine. Both outputs are written
+    atomically, the conversations once every response is in; an SGLang engine that dies first raises
+    `EngineDied` and neither output is written. Returns the counts."""
+    from eyas.target import load_target, load_tokenizer, resolve_device
+
+    tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
+    run = dict(
+        # the regenerated sample must still fit tokenize's max_length
+        max_prompt_length=max_length - settings.max_new_tokens,
+        samples=settings.samples,
+        turns=settings.turns,
+        seed=settings.seed,
+    )
+    sampling = dict(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
+    if settings.backend == "sglang":
+        from eyas.sglang_engine import (
+            base_engine_args,
+            generation_engine_args,
+            start_engine,
+            user_engine_args,
+        )
+
+        base = base_engine_args(engine_settings, model_dir, "bfloat16", trust_remote_code)
+        args = generation_engine_args(
+            base | user_engine_args(engine_settings.engine_args, None), settings.seed
+        )
+        engine = start_engine(args, speculative=False, stage=f"regenerate {out_conversations}")
+        try:
+            generate = SglangGenerator(engine, eos_token_ids={tokenizer.eos_token_id}, **sampling)
+            stats = regenerate_split(conversations, out_conversations, generate, tokenizer, **run)
+        finally:
+            engine.shutdown()
+    else:
+        device = resolve_device(settings.device)
+        model = load_target(model_dir, device=device, trust_remote_code=trust_remote_code)
+        generate = HFGenerator(model, tokenizer, batch_size=settings.batch_size, **sampling)
+        stats = regenerate_split(conversations, out_conversations, generate, tokenizer, **run)
+    with atomic_file(out_stats) as fh:
+        json.dump(stats, fh, indent=2)
+    return stats

@@ -195,15 +195,18 @@ def serve_drafters(
     max_new_tokens: int,
     concurrency: int,
     record: dict | None = None,
+    stage: str = "served evaluation",
 ) -> dict:
     """The served figures: {plain: {set: speeds}, sets: {set: {drafter: {k: report}}}, swap_check}.
     `record`, if given, receives the raw outputs of the first set: {"plain": [...], "spec": {k: [...]}}
-    (the first drafter's at each k)."""
+    (the first drafter's at each k). An engine that dies raises `sglang_engine.EngineDied` naming
+    `stage`; both engines are shut down and the temporary dirs removed before it propagates."""
     from eyas.sglang_engine import plain_engine_args, spec_engine_args, start_engine
 
     timings = {}
     start = time.perf_counter()
-    engine = start_engine(plain_engine_args(base_args, concurrency), speculative=False)
+    plain_args = plain_engine_args(base_args, concurrency)
+    engine = start_engine(plain_args, speculative=False, stage=f"{stage} (plain reference engine)")
     timings["plain_start_seconds"] = time.perf_counter() - start
     try:
         decode = dict(max_new_tokens=max_new_tokens, k=None, logprobs=True)
@@ -218,7 +221,7 @@ def serve_drafters(
     with tempfile.TemporaryDirectory(prefix="eyas-served-engine-") as workdir:
         start = time.perf_counter()
         args = spec_engine_args(base_args, drafter_exports[names[0]], ks, concurrency, workdir)
-        engine = start_engine(args, speculative=True)
+        engine = start_engine(args, speculative=True, stage=f"{stage} (EAGLE-3 engine)")
         timings["spec_start_seconds"] = time.perf_counter() - start
         try:
             order = sorted(ks, reverse=True)  # the engine starts at the longest chain

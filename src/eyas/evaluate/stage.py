@@ -243,6 +243,7 @@ def run_served(
             max_new_tokens=settings.max_new_tokens,
             concurrency=settings.concurrency,
             record=record,
+            stage=f"served evaluation {out_json}",
         )
     result = {
         "format": SERVED_FORMAT,

@@ -1,0 +1,51 @@
+"""One stage job on the stand-in engine (standin_engine.py): `python tests/sglang/engine_job.py JOB.json`.
+
+What a Snakemake `script:` job of rule regenerate or served does after its settings are read:
+`eyas.data.regenerate.run_regenerate` or `eyas.evaluate.stage.run_served`, with the stage's logging
+(`eyas.logs.setup_stage_logging`: the rule's log file and stderr), the output dirs made first.
+JOB.json holds the function's arguments, the settings sections as the rule passes them
+(`dataclasses.asdict`). An error ends the
+job with exit status 1 and its traceback, as it ends a Snakemake script job. The engine spawns its
+processes, so this file is a `__main__` that spawn's children import without running it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def run(job: dict) -> None:
+    from eyas.config import EvaluateSettings, RegenerateSettings, SglangSettings, stage_settings
+    from eyas.logs import setup_stage_logging
+
+    setup_stage_logging(job["log"], job["stage"])
+    outputs = job["paths"][1:3] if job["stage"] == "regenerate" else [job["kwargs"]["out_json"]]
+    for path in outputs:  # Snakemake makes the output dirs before it starts a job
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    import standin_engine
+
+    standin_engine.install()
+    engine_settings = stage_settings(SglangSettings, job["engine_settings"])
+    if job["stage"] == "regenerate":
+        from eyas.data.regenerate import run_regenerate
+
+        run_regenerate(
+            *job["paths"],
+            settings=stage_settings(RegenerateSettings, job["settings"]),
+            engine_settings=engine_settings,
+            max_length=job["max_length"],
+        )
+    else:
+        from eyas.evaluate.stage import run_served
+
+        run_served(
+            **job["kwargs"],
+            settings=stage_settings(EvaluateSettings, job["settings"]),
+            engine_settings=engine_settings,
+        )
+
+
+if __name__ == "__main__":
+    run(json.loads(Path(sys.argv[1]).read_text()))
