@@ -5,9 +5,12 @@ What this checks:
   (specforge/config/schema.py), its draft builder loads eyas's d2t/t2d and the target's embedding
   (specforge/algorithms/model_providers.py `build_eagle3_draft`), and its frozen head loads the tied
   target's embedding through the index eyas writes (specforge/modeling/target/target_head.py).
-- SpecForge's `LlamaForCausalLMEagle3` under its own TTT loop (`OnlineEagle3Model`, sdpa) computes the
-  logits eyas's drafter computes from the same weights (fp32), for 4 TTT steps, so importing its
-  checkpoint is a renaming.
+- SpecForge's `LlamaForCausalLMEagle3` under its own TTT loop (`OnlineEagle3Model`) computes the logits
+  eyas's drafter computes from the same weights (fp32, 4 TTT steps), so importing its checkpoint is a
+  renaming: with sdpa at every position; with flex_attention (SpecForge's default, the GPU bench's) at
+  every position t < T - k of step k. Its flex mask drops the last k rows of step k
+  (specforge/modeling/draft/flex_attention.py `generate_eagle3_mask`, seq_lengths - lck), positions
+  whose target x_{t+2+k} lies past the sample, which carry no loss in either trainer.
 - The whole bench path: `export-specforge` (loss mask eyas-targets), `specforge-prepare`,
   bench/specforge_run.py (SpecForge's `specforge train`, one epoch; CPU-only changes: DDP for FSDP,
   sdpa, the plain-torch loss), `import-specforge-drafter`. Every token and exactly eyas's loss
@@ -88,7 +91,8 @@ def test_prepared_run_is_what_specforge_reads(prepared, data):
     assert torch.equal(target_head.fc.weight, head.to(torch.bfloat16))
 
 
-def test_specforge_draft_computes_eyas_drafter(monkeypatch):
+@pytest.mark.parametrize("backend", ["sdpa", "flex_attention"])
+def test_specforge_draft_computes_eyas_drafter(monkeypatch, backend):
     from specforge.algorithms.eagle3.model import OnlineEagle3Model
     from specforge.core import loss
     from specforge.modeling.auto import AutoDraftModel
@@ -100,6 +104,8 @@ def test_specforge_draft_computes_eyas_drafter(monkeypatch):
 
     # the Triton kernel's function in plain torch (its launch needs a GPU)
     monkeypatch.setattr(loss.LogSoftmaxLoss, "apply", staticmethod(reference_loss))
+    if backend == "flex_attention":  # flex attention on CPU runs only compiled (~15 s here)
+        monkeypatch.setattr(torch._dynamo.config, "disable", False)
     cfg = DrafterConfig(
         hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         rms_norm_eps=1e-5, rope_theta=1e5, max_position_embeddings=512, vocab_size=300, draft_vocab_size=40,
@@ -120,7 +126,7 @@ def test_specforge_draft_computes_eyas_drafter(monkeypatch):
     eyas.eval()
 
     config = _draft_config_from_dict(json.loads(json.dumps(sglang_config(cfg))))  # as SpecForge reads it
-    sf = AutoDraftModel.from_config(config, attention_backend="sdpa", torch_dtype=torch.float32).eval()
+    sf = AutoDraftModel.from_config(config, attention_backend=backend, torch_dtype=torch.float32).eval()
     sf_names = {k.replace("layers.0.", "midlayer.", 1): v for k, v in eyas.state_dict().items()}
     sf.load_state_dict(sf_names, strict=True)
     assert eyas_state_dict(sf.state_dict()).keys() == eyas.state_dict().keys()
@@ -130,7 +136,7 @@ def test_specforge_draft_computes_eyas_drafter(monkeypatch):
     logits = []
     compute_logits = sf.compute_logits
     sf.compute_logits = lambda h: logits.append(compute_logits(h)) or logits[-1]
-    ttt = OnlineEagle3Model(sf, length=steps, attention_backend="sdpa")
+    ttt = OnlineEagle3Model(sf, length=steps, attention_backend=backend)
     with torch.no_grad():  # SpecForge's inputs: ids shifted left by one (TargetHead.preprocess)
         ttt(
             input_ids=padding(ids, left=False), attention_mask=torch.ones(1, length, dtype=torch.long),
@@ -139,7 +145,8 @@ def test_specforge_draft_computes_eyas_drafter(monkeypatch):
         want = eyas.ttt_forward(aux, ids, steps)
     assert len(logits) == steps
     for k in range(steps):
-        torch.testing.assert_close(logits[k], want[k], rtol=0, atol=1e-4)
+        rows = length if backend == "sdpa" else length - k
+        torch.testing.assert_close(logits[k][:, :rows], want[k][:, :rows], rtol=0, atol=1e-4)
 
 
 def eyas_loss_positions(stores) -> int:
