@@ -15,6 +15,7 @@
 #   WARMUP_RATIO [0.015]  ATTENTION [flex_attention]  SEED [42]  LOG_INTERVAL [50]
 #   LOSS_MASK [assistant: SpecForge's own convention; eyas-targets: eyas's loss positions exactly]
 #   WORK [/root/specforge]  the dump, run config, checkpoints and DRAFTER [$WORK/drafter] stay there
+#   REUSE_DUMP [0]  1: keep $WORK/dump from an earlier call on the same machine (its own LOSS_MASK)
 # Off the GPU machine (the CPU smoke run of bench/README.md): SF_PYTHON=.venv-specforge/bin/python uses that
 # environment instead of the wheels, PYTHON=.venv/bin/python runs eyas's steps, and CPU_SMOKE=1 adds the
 # three CPU-only changes (fsdp_sharding NO_SHARD, attention sdpa, the plain-torch loss).
@@ -54,7 +55,12 @@ fi
 
 # 2. The stores as SpecForge offline samples, and what SpecForge needs beside them.
 s=$SECONDS
-"${EYAS[@]}" export-specforge "$STORES" "$WORK/dump" --loss-mask "$LOSS_MASK" > "$OUT/export.json"
+if [[ ${REUSE_DUMP:-0} == 1 && -f $WORK/dump/eyas-export.json ]]; then  # a dump of an earlier call
+  "$PYTHON" -c "import json, sys; m = json.load(open(sys.argv[1])); print(json.dumps({k: m[k] for k in \
+    ('count', 'tokens', 'loss_mask', 'split')}))" "$WORK/dump/eyas-export.json" > "$OUT/export.json"
+else
+  "${EYAS[@]}" export-specforge "$STORES" "$WORK/dump" --loss-mask "$LOSS_MASK" > "$OUT/export.json"
+fi
 export_s=$((SECONDS - s))
 set_args=(--set "num_epochs=${EPOCHS:-1}" --set "learning_rate=${LR:-1e-3}" --set "ttt_length=${TTT:-7}"
   --set "max_length=${MAX_LENGTH:-2048}" --set "batch_size=${BATCH:-1}" --set "warmup_ratio=${WARMUP_RATIO:-0.015}"
