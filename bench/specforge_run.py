@@ -7,7 +7,9 @@ With one process SpecForge's launcher runs the worker in the calling process (sp
 called here and the process's own CUDA allocator statistics are SpecForge's. Nothing in SpecForge's
 math is changed; two wrappers only observe:
   - `Eagle3TrainStrategy.forward_loss` (specforge/training/strategies/base.py): counts the tokens and
-    loss positions of each batch and stamps the time of each optimizer step (the next call starts it);
+    loss positions of each batch and stamps the time of each optimizer step (the next call starts it;
+    on CUDA after a synchronize, which costs nothing extra: SpecForge's own per-step metrics call
+    `.item()`, specforge/training/controller.py);
   - the run's console logger (`specforge.training.assembly._logger`): keeps every logged step's metrics
     (per-TTT-step losses and accuracies, lr, SpecForge's own perf/ figures).
 
