@@ -39,3 +39,10 @@ test-sglang:
 test-speculators:
 	bash tests/speculators/install_env.sh
 	HF_HUB_OFFLINE=1 .venv-speculators/bin/python -m pytest -q tests/speculators
+
+# tests/specforge/ in a fourth venv with the real SpecForge 0.2.0 (its offline EAGLE-3 trainer) on CPU
+# (~2.1 GB, ~3 min the first time): it trains on eyas stores and its drafter comes back as an eyas one.
+.PHONY: test-specforge
+test-specforge:
+	bash tests/specforge/install_env.sh
+	HF_HUB_OFFLINE=1 .venv-specforge/bin/python -m pytest -q tests/specforge

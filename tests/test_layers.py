@@ -17,7 +17,7 @@ LAYERS = [  # bottom first; an entry is a top-level module or package of eyas ("
     {"target", "capture", "vocab", "model", "sglang_engine"},
     {"data", "extract", "validate"},
     {"train"},
-    {"evaluate", "export", "specforge_import", "specforge_export", "cli"},
+    {"evaluate", "export", "specforge_import", "specforge_export", "specforge_train", "cli"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

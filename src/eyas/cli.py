@@ -38,7 +38,57 @@ def main(argv: list[str] | None = None) -> int:
         help="assistant: eyas's mask as is (SpecForge's own convention); eyas-targets: shifted by two so "
         "SpecForge's loss positions equal eyas's (src/eyas/specforge_export.py)",
     )
+    prep = commands.add_parser(
+        "specforge-prepare",
+        help="write what SpecForge 0.2.0's own trainer needs to train on an export-specforge dump "
+        "(draft config, vocab mapping, target head dir, run.yaml; src/eyas/specforge_train.py)",
+    )
+    prep.add_argument("dump", help="the export-specforge dump (holds eyas-export.json)")
+    prep.add_argument("out", help="output dir: draft_config.json, vocab_mapping.pt, target/, run.yaml")
+    prep.add_argument("--model", required=True, help="the target's HF model dir")
+    prep.add_argument("--vocab", required=True, help="eyas's draft vocab (draft_vocab.safetensors)")
+    prep.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a SpecForge setting (eyas.specforge_train.DEFAULT_SETTINGS), JSON or YAML; repeatable",
+    )  # fmt: skip
+    drafter = commands.add_parser(
+        "import-specforge-drafter",
+        help="convert a SpecForge 0.2.0 EAGLE-3 checkpoint into an eyas drafter dir (for evaluate.baselines)",
+    )
+    drafter.add_argument("checkpoint", help="training_state.pt, a *-stepN dir, or the run's output dir")
+    drafter.add_argument("out", help="the eyas drafter dir to write")
+    drafter.add_argument("--model", required=True, help="the target's HF model dir")
+    drafter.add_argument("--vocab", required=True, help="the draft vocab the run was given")
+    drafter.add_argument("--dump", required=True, help="the export-specforge dump it trained on (provenance)")
     args = parser.parse_args(argv)
+    if args.command == "specforge-prepare":
+        import yaml
+
+        from eyas.specforge_train import prepare_specforge_run
+
+        settings = {}
+        for item in args.set:
+            key, sep, value = item.partition("=")
+            if not sep:
+                parser.error(f"--set {item!r} is not KEY=VALUE")
+            try:  # JSON first: YAML 1.1 reads 1e-3 as a string
+                settings[key] = json.loads(value)
+            except json.JSONDecodeError:
+                settings[key] = yaml.safe_load(value)
+        info = prepare_specforge_run(args.dump, args.out, args.model, args.vocab, settings)
+        json.dump({k: v for k, v in info.items() if k != "run"}, sys.stdout, indent=1)
+        print()
+        return 0
+    if args.command == "import-specforge-drafter":
+        from eyas.specforge_train import import_specforge_drafter
+
+        json.dump(
+            import_specforge_drafter(args.checkpoint, args.out, args.model, args.vocab, args.dump),
+            sys.stdout,
+            indent=1,
+        )
+        print()
+        return 0
     if args.command == "export-specforge":
         from eyas.specforge_export import export_specforge
 
