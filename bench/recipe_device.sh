@@ -56,6 +56,11 @@ case $step in
     end=$((SECONDS + seconds))
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < end)); do sleep 5; done
     kill -0 "$pid" 2>/dev/null && echo "RUNNING after $seconds s" || echo "FINISHED"
+    # a training job still running: three samples of its Python stacks into its log (eyas.logs, SIGUSR1)
+    for p in $(pgrep -f '\.train\.py' || true); do
+      [[ $(cat "/proc/$p/comm" 2>/dev/null) == python* ]] || continue
+      for _ in 1 2 3; do kill -USR1 "$p" 2>/dev/null || true; sleep 1; done
+    done
     grep -E "^rule |steps \(|Error in rule" "$run/snakemake.out" | tail -30 || true
     tail -8 "$run/snakemake.out"
     newest=$(ls -t "$run"/results/logs/*.log "$run"/results/logs/*/*.log 2>/dev/null | head -1 || true)

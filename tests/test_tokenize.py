@@ -326,3 +326,22 @@ def test_read_prepared_names_bad_line(tmp_path):
     )
     with pytest.raises(ValueError, match=r"train\.jsonl:2: field 'id'"):
         list(read_prepared(path))
+
+
+def test_tokenize_split_fails_when_every_conversation_is_rejected(tmp_path, tokenizer_dir):
+    # A wrong eos in a converted tokenizer once rejected every sample; empty shards must not go on.
+    write_prepared(tmp_path / "train.jsonl", [chat("long " * 100, "x"), chat("bad", "<|im_start|>")])
+    shards = [str(tmp_path / "shard-00000.zarr")]
+    with pytest.raises(ValueError, match=r"train.jsonl: all 2 conversations rejected .*'too_long': 1") as err:
+        tokenize_split(
+            str(tmp_path / "train.jsonl"),
+            str(tokenizer_dir),
+            shards,
+            str(tmp_path / "rejects.jsonl"),
+            str(tmp_path / "stats.json"),
+            split="train",
+            max_length=128,
+            model_id="tiny",
+        )
+    assert "first: id 'c0': too_long" in str(err.value)
+    assert not any(tmp_path.glob("shard-*")) and not (tmp_path / "stats.json").exists()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import sys
 
 
@@ -26,11 +28,16 @@ class _Tee:
 
 
 def setup_stage_logging(log_path: str | os.PathLike | None, name: str) -> logging.Logger:
-    """Tee stdout/stderr (progress bars included) into `log_path` and return the stage's logger."""
+    """Tee stdout/stderr (progress bars included) into `log_path` and return the stage's logger.
+
+    `kill -USR1 <pid>` writes every thread's Python stack into the log and the job goes on: where a
+    slow or stuck stage spends its time, without a profiler on the machine."""
     if log_path:
         log_file = open(log_path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 (lives for the job)
         sys.stdout = _Tee(sys.__stdout__, log_file)
         sys.stderr = _Tee(sys.__stderr__, log_file)
+        if hasattr(signal, "SIGUSR1"):
+            faulthandler.register(signal.SIGUSR1, file=log_file, all_threads=True, chain=False)
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s eyas.{name} %(levelname)s %(message)s",

@@ -237,6 +237,12 @@ def tokenize_split(
             continue
         samples.append((np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)))
         sample_ids.append(record["id"])
+    if read and not samples:  # empty shards would only fail later, in extraction or training
+        first = rejects[0]
+        raise ValueError(
+            f"{conversations}: all {read} conversations rejected ({dict(sorted(by_reason.items()))}); "
+            f"first: id {first['id']!r}: {first['reason']}: {first['detail']}"
+        )
 
     lengths = [len(ids) for ids, _ in samples]
     attrs = {

@@ -229,6 +229,7 @@ def train(
         check_manifests(hidden_stores, manifests)
     if settings.select_by_tau and not heldout:
         raise ValueError("train.select_by_tau needs held-out stores (heldout=...)")
+    began = time.perf_counter()
     world = distributed.current_world()
     if threads:
         torch.set_num_threads(threads)
@@ -259,12 +260,17 @@ def train(
     step = OptimizerStep(
         spread, teacher, optimizer, scheduler, settings, amp, device, train_log, checkpointer, stop
     )
+    log.info(
+        "train: %d samples, %d steps from step %d on %s; set up in %.1f s",
+        len(loader.samples), total, run.step, device, time.perf_counter() - began,
+    )  # fmt: skip
     show = settings.progress and world.main
     bar = tqdm(total=total, initial=run.step, disable=not show, desc="train", unit="step")
     metrics: dict = {"acc": [], "loss": None}
     try:
         stop.__enter__()
         while run.step < total and run.epoch < settings.epochs:
+            pace = EpochPace(run, step)
             groups = distributed.step_groups(loader.plan(run.epoch), world.size, settings.grad_accum)
             mine = [distributed.rank_share(g, world.rank, settings.grad_accum) for g in groups]
             batches = loader.batches([mb for share in mine[run.group_in_epoch :] for mb in share])
@@ -287,6 +293,7 @@ def train(
                         f"{checkpointer.dir} saved, and rerunning the job resumes from it"
                     )
             batches.close()
+            pace.log(run)
             end_epoch(run, complete=not stopped, padded=padded_slots(loader, run.epoch, world.size, settings))
             if stopped:
                 break
@@ -305,6 +312,25 @@ def train(
         checkpointer.remove()
     distributed.barrier(world)
     return stats
+
+
+class EpochPace:
+    """Where an epoch's time went, logged at its end: steps, tokens/s, and the share spent waiting for
+    batches (a loader that cannot keep up shows here, not as a slow GPU)."""
+
+    def __init__(self, run: RunState, step: OptimizerStep):
+        self.step = step
+        self.started, self.waited = time.perf_counter(), step.waited
+        self.first_step, self.tokens = run.step, run.tokens
+
+    def log(self, run: RunState) -> None:
+        seconds = time.perf_counter() - self.started
+        tokens = run.tokens - self.tokens
+        log.info(
+            "epoch %d: %d steps, %d tokens in %.1f s (%.0f tok/s); waited %.1f s for batches",
+            run.epoch, run.step - self.first_step, tokens, seconds, tokens / max(seconds, 1e-9),
+            self.step.waited - self.waited,
+        )  # fmt: skip
 
 
 def padded_slots(loader: PairedLoader, epoch: int, world_size: int, settings) -> int:
@@ -333,12 +359,14 @@ class OptimizerStep:
         self.spread, self.teacher, self.optimizer, self.scheduler = spread, teacher, optimizer, scheduler
         self.settings, self.amp, self.device, self.log = settings, amp, device, log
         self.checkpointer, self.stop = checkpointer, stop
+        self.waited = 0.0  # seconds this process waited for the loader's batches (not checkpointed)
 
     def __call__(self, run: RunState, batches, share: list) -> dict:
         """Draw this rank's grad_accum micro-batches from `batches` (its `share` of the step group:
         sample rows per micro-batch, None for an empty slot). Returns the step's global metrics."""
         started = time.perf_counter()
         micro = [next(batches) for _ in range(self.settings.grad_accum)]
+        self.waited += time.perf_counter() - started
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.zero_grad(set_to_none=True)
         metrics = train_step(

@@ -69,7 +69,10 @@ class EpochEnd:
                 record["conditional_accuracy"] = metrics["conditional_accuracy"]
                 record["accuracy"] = metrics["accuracy"]
                 self.checkpointer.keep_if_best(run, record, whole)
-                log.info("epoch %d: held-out simulated tau %.4f", run.epoch, record["simulated_tau"])
+                log.info(
+                    "epoch %d: held-out simulated tau %.4f (%.1f s)",
+                    run.epoch, record["simulated_tau"], metrics["seconds"],
+                )  # fmt: skip
             distributed.barrier(world)
         run.epochs.append(record)
         run.seen = torch.zeros_like(run.seen)
