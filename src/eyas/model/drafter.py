@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from eyas.atomic import atomic_dir
@@ -38,6 +39,23 @@ QUERY_CHUNK = 2048  # query rows per SDPA call in ttt_forward: bounds the [chunk
 # thread took 0.86 s with chunk 128 against 2.8 s with 2048 (checkpointed); 64-256 within 15%.
 QUERY_CHUNK_CPU = 128
 CHECKPOINT_BYTES = 256 << 20  # keep chunk key/value copies for backward up to this, else recompute them
+# SDPA kernels the drafter may use: not cuDNN's, which builds an execution graph on the host for every
+# new shape (hundreds of ms; https://github.com/sgl-project/sglang/pull/4650 measured ~400 ms), and
+# the drafter's shapes change with every batch (rows, longest sample, 7 TTT key lengths). None: torch's
+# own choice (bench/train_shapes.py compares them).
+ATTENTION_BACKENDS: list[SDPBackend] | None = [
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+]
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """`F.scaled_dot_product_attention` with a boolean mask (True = attend), on ATTENTION_BACKENDS."""
+    if ATTENTION_BACKENDS is None or q.device.type != "cuda":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with sdpa_kernel(ATTENTION_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 @dataclass
@@ -250,7 +268,7 @@ def _tree_chunk(
     causal = torch.arange(hi, device=q.device)[None, :] <= rows + lo  # [C, hi]
     diag = (torch.arange(steps * c, device=q.device) % c)[None, :] == rows  # [C, k*C]
     mask = torch.cat([causal, diag], dim=1)  # [C, hi + k*C] bool, True = attend
-    return F.scaled_dot_product_attention(q[:, :, lo:hi], keys, values, attn_mask=mask)
+    return sdpa(q[:, :, lo:hi], keys, values, mask)
 
 
 # --------------------------------------------------------------------------- modules
@@ -402,7 +420,7 @@ class Eagle3Drafter(nn.Module):
             torch.arange(s, device=q.device)[None, :] <= torch.arange(t, device=q.device)[:, None] + past
         )
         groups = self.config.num_attention_heads // self.config.num_key_value_heads
-        out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=allowed)
+        out = sdpa(q, repeat_kv(k, groups), repeat_kv(v, groups), allowed)
         out = layer.finish(attn.project_out(out), hidden)  # [B, T, H]
         return self._logits(out), out
 

@@ -128,25 +128,7 @@ class PairedLoader:
     # ----------------------------------------------------------------------- planning
     def plan(self, epoch: int) -> list[np.ndarray]:
         """Batches of row indices into `self.samples` for `epoch` (deterministic in seed, epoch)."""
-        rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(len(self.samples))
-        batches: list[np.ndarray] = []
-        for lo in range(0, len(order), SORT_WINDOW):
-            window = order[lo : lo + SORT_WINDOW]
-            window = window[np.argsort(self.samples[window, 2], kind="stable")]
-            batch: list[int] = []
-            longest = 0
-            for idx in window:
-                length = int(self.samples[idx, 2])
-                # Padded size is rows * longest; a sample over the budget gets a batch of its own.
-                if batch and (len(batch) + 1) * max(longest, length) > self.token_budget:
-                    batches.append(np.array(batch))
-                    batch, longest = [], 0
-                batch.append(int(idx))
-                longest = max(longest, length)
-            if batch:
-                batches.append(np.array(batch))
-        return [batches[i] for i in rng.permutation(len(batches))]
+        return plan_batches(self.samples[:, 2], self.token_budget, self.seed, epoch)
 
     def num_batches(self, epoch: int) -> int:
         return len(self.plan(epoch))
@@ -198,6 +180,30 @@ class PairedLoader:
         if pair not in stores:
             stores[pair] = HiddenStore(self.hidden_paths[pair])
         return stores[pair]
+
+
+def plan_batches(lengths: np.ndarray, token_budget: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """Batches of indices into `lengths` for `epoch`: a random order, sorted by length within windows
+    of SORT_WINDOW (less padding), rows added while rows x longest <= token_budget (a longer sample
+    gets a batch of its own), then the batches shuffled. Deterministic in (seed, epoch)."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths))
+    batches: list[np.ndarray] = []
+    for lo in range(0, len(order), SORT_WINDOW):
+        window = order[lo : lo + SORT_WINDOW]
+        window = window[np.argsort(lengths[window], kind="stable")]
+        batch: list[int] = []
+        longest = 0
+        for idx in window:
+            length = int(lengths[idx])
+            if batch and (len(batch) + 1) * max(longest, length) > token_budget:
+                batches.append(np.array(batch))
+                batch, longest = [], 0
+            batch.append(int(idx))
+            longest = max(longest, length)
+        if batch:
+            batches.append(np.array(batch))
+    return [batches[i] for i in rng.permutation(len(batches))]
 
 
 def check_pair(shard, store: HiddenStore, tok_path: str, hid_path: str, expected: dict) -> None:

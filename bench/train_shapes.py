@@ -1,0 +1,156 @@
+"""Trainer steps over batches whose shapes change every step, as real data gives them, by SDPA kernel set.
+
+`bench/train.py` times steps on one fixed [rows, length] batch; the pipeline's batches differ in rows and
+longest sample every step (`eyas.train.loader.plan_batches` over the sample lengths), and every new shape
+can cost host-side set-up in a kernel library (cuDNN's attention builds an execution graph per shape).
+Each case runs in a fresh interpreter: `passes` passes over the same `batches` shapes; pass 0 meets every
+shape for the first time, pass 1 finds whatever was cached.
+
+    python bench/train_shapes.py --out bench/results/train-shapes-h200.json
+
+Sample lengths: `--lengths` (a JSON list, e.g. a real token shard's lengths), else a log-normal draw
+around 370 tokens clipped to [16, 2048] (the GPU recipe's 7,486 samples average 373 tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train import SHAPES, _drafter  # noqa: E402 - bench/train.py: the drafter at a named shape
+
+BACKENDS = {  # name -> value of eyas.model.drafter.ATTENTION_BACKENDS
+    "eyas": "default",  # what the package ships
+    "torch-default": None,  # torch's own priority order
+    "cudnn-only": ["CUDNN_ATTENTION"],
+    "efficient-only": ["EFFICIENT_ATTENTION"],
+}
+
+
+def lengths_of(args) -> np.ndarray:
+    if args.lengths:
+        return np.array(json.loads(Path(args.lengths).read_text()), dtype=np.int64)
+    rng = np.random.default_rng(0)
+    return np.clip(np.exp(rng.normal(np.log(300), 0.7, args.samples)), 16, 2048).astype(np.int64)
+
+
+def case(backends, lengths: list[int], budget: int, batches: int, passes: int, draft: int) -> dict:
+    """Child: `passes` x `batches` train steps on the plan's first batch shapes; per-pass seconds."""
+    from torch.nn.attention import SDPBackend
+
+    import eyas.model.drafter as drafter_module
+    from eyas.config import TrainSettings
+    from eyas.train.distributed import World
+    from eyas.train.loader import Batch, plan_batches
+    from eyas.train.parallel import spread_over_ranks
+    from eyas.train.step import Teacher, train_step
+    from eyas.train.trainer import param_groups, resolve_amp
+
+    if backends != "default":
+        drafter_module.ATTENTION_BACKENDS = (
+            None if backends is None else [getattr(SDPBackend, b) for b in backends]
+        )
+    device = torch.device("cuda")
+    shape = {**SHAPES["smollm2"], "draft": draft}
+    lengths = np.array(lengths)
+    plan = plan_batches(lengths, budget, seed=0, epoch=0)[:batches]
+    amp = resolve_amp("auto", device)
+    model = _drafter(shape, device)
+    g = torch.Generator().manual_seed(1)
+    head = torch.randn(shape["vocab"], shape["hidden"], generator=g) * 0.02
+    d2t = torch.zeros(draft, dtype=torch.int64)
+    t2d = torch.zeros(shape["vocab"], dtype=torch.bool)
+    t2d[:draft] = True
+    teacher = Teacher(head, d2t, t2d, device, amp)
+    spread = spread_over_ranks(model, "ddp", World(), device)
+    optimizer = torch.optim.AdamW(param_groups(spread.objective, 0.0), lr=1e-4)
+    settings = TrainSettings(ttt_steps=7, select_by_tau=False)
+    h = shape["hidden"]
+
+    def batch_of(rows: np.ndarray) -> Batch:
+        lens = torch.as_tensor(lengths[rows])
+        b, t = len(rows), int(lens.max())
+        valid = torch.arange(t)[None, :] < lens[:, None]
+        return Batch(
+            aux=(torch.randn(b, t, 3 * h, generator=g) * valid[..., None]).bfloat16().pin_memory(),
+            final=(torch.randn(b, t, h, generator=g) * valid[..., None]).bfloat16().pin_memory(),
+            input_ids=(torch.randint(0, shape["vocab"], (b, t), generator=g) * valid).pin_memory(),
+            loss_mask=valid.long().pin_memory(),
+            valid=valid.pin_memory(),
+            lengths=lens,
+        )
+
+    data = [batch_of(rows) for rows in plan]
+    tokens = sum(b.num_tokens for b in data)
+    shapes = {tuple(b.aux.shape[:2]) for b in data}
+    out = {"batches": len(data), "tokens_per_pass": tokens, "distinct_shapes": len(shapes)}
+    for p in range(passes):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for batch in data:
+            optimizer.zero_grad(set_to_none=True)
+            train_step(spread, teacher, [batch], settings, amp, device)
+            optimizer.step()
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        out[f"pass{p}_seconds"] = seconds
+        out[f"pass{p}_tokens_per_s"] = tokens / seconds
+    out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def run_child(name: str, **kwargs) -> dict:
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import train_shapes as b;"
+        f"print('RESULT', json.dumps(b.case(**{kwargs!r})))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return {"backends": name, **json.loads(line[7:])}
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+    return {"backends": name, "error": tail[0][:400]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--lengths", help="JSON list of sample lengths (default: a log-normal draw)")
+    ap.add_argument("--samples", type=int, default=7486)
+    ap.add_argument("--budget", type=int, default=8192, help="train.token_budget")
+    ap.add_argument("--batches", type=int, default=24, help="steps per pass")
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--draft", type=int, default=16384, help="draft vocab size")
+    ap.add_argument("--backends", default=",".join(BACKENDS), help="comma list of " + ",".join(BACKENDS))
+    args = ap.parse_args()
+    lengths = lengths_of(args).tolist()
+    results = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "budget": args.budget,
+        "mean_sample_tokens": float(np.mean(lengths)),
+        "cases": [],
+    }
+    for name in args.backends.split(","):
+        results["cases"].append(
+            run_child(name, backends=BACKENDS[name], lengths=lengths, budget=args.budget,
+                      batches=args.batches, passes=args.passes, draft=args.draft)
+        )  # fmt: skip
+        print(json.dumps(results["cases"][-1]), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
