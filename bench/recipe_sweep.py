@@ -30,8 +30,8 @@ import torch
 import yaml
 
 from eyas.config import TrainSettings, load_config
-from eyas.provenance import model_hash
 from eyas.store import read_token_shard, shard_paths
+from eyas.train.job import train_inputs as job_inputs
 
 
 def merged_config(paths: list[str]):
@@ -51,28 +51,22 @@ def merged_config(paths: list[str]):
 
 
 def train_inputs(run: Path, model_dir: str, out: Path) -> dict:
-    """`trainer.train`'s inputs for a run's results dir (as scripts/train.py builds them)."""
-    token_shards = shard_paths(run / "tokens" / "train")
-    first = read_token_shard(token_shards[0]).attrs
+    """`trainer.train`'s inputs for a run's results dir (`eyas.train.job.train_inputs`, as the rule's)."""
+    tokens = run / "tokens" / "train"
     stores = sorted(str(p) for p in (run / "hidden" / "train").glob("shard-*.zarr"))
-    return dict(
-        token_shards=token_shards,
+    return job_inputs(
+        tokens_dir=str(tokens),
         hidden_stores=stores,
+        manifests=[s.removesuffix(".zarr") + ".manifest.json" for s in stores],
         vocab_path=str(run / "vocab" / "draft_vocab.safetensors"),
         model_dir=model_dir,
+        model_id=read_token_shard(shard_paths(tokens)[0]).attrs["model_id"],
         out_dir=str(out / "drafter"),
         log_path=str(out / "log.csv"),
-        expected_provenance={
-            "model_id": first["model_id"],
-            "model_hash": model_hash(model_dir),
-            "tokenizer_hash": first["tokenizer_hash"],
-            "chat_template_hash": first["chat_template_hash"],
-        },
-        manifests=[s.removesuffix(".zarr") + ".manifest.json" for s in stores],
-        heldout={
-            "token_shards": shard_paths(run / "tokens" / "eval"),
-            "hidden_stores": sorted(str(p) for p in (run / "hidden" / "eval").glob("shard-*.zarr")),
-        },
+        heldout=(
+            str(run / "tokens" / "eval"),
+            sorted(str(p) for p in (run / "hidden" / "eval").glob("shard-*.zarr")),
+        ),
         threads=16,
     )
 

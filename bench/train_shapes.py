@@ -28,11 +28,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from train import SHAPES, _drafter  # noqa: E402 - bench/train.py: the drafter at a named shape
 
-BACKENDS = {  # name -> value of eyas.model.drafter.ATTENTION_BACKENDS
-    "eyas": "default",  # what the package ships
-    "torch-default": None,  # torch's own priority order
-    "cudnn-only": ["CUDNN_ATTENTION"],
-    "efficient-only": ["EFFICIENT_ATTENTION"],
+CASES = {  # name -> (eyas.model.drafter.ATTENTION_BACKENDS, rows padded to a multiple of)
+    "eyas": ("default", 1),  # the kernels the package ships
+    "torch-default": (None, 1),  # torch's own priority order
+    "cudnn-only": (["CUDNN_ATTENTION"], 1),
+    "efficient-only": (["EFFICIENT_ATTENTION"], 1),
+    "eyas-pad64": ("default", 64),  # as the trainer loads on a GPU (trainer.GPU_PAD_MULTIPLE)
 }
 
 
@@ -43,8 +44,18 @@ def lengths_of(args) -> np.ndarray:
     return np.clip(np.exp(rng.normal(np.log(300), 0.7, args.samples)), 16, 2048).astype(np.int64)
 
 
-def case(backends, lengths: list[int], budget: int, batches: int, passes: int, draft: int) -> dict:
-    """Child: `passes` x `batches` train steps on the plan's first batch shapes; per-pass seconds."""
+def case(
+    backends,
+    pad: int,
+    lengths: list[int],
+    budget: int,
+    batches: int,
+    passes: int,
+    draft: int,
+    new_plans: bool,
+) -> dict:
+    """Child: `passes` x `batches` train steps on a plan's first batches (epoch 0's plan every pass, or
+    epoch p's in pass p with `new_plans`: new shapes, as real epochs bring); per-pass seconds."""
     from torch.nn.attention import SDPBackend
 
     import eyas.model.drafter as drafter_module
@@ -62,7 +73,6 @@ def case(backends, lengths: list[int], budget: int, batches: int, passes: int, d
     device = torch.device("cuda")
     shape = {**SHAPES["smollm2"], "draft": draft}
     lengths = np.array(lengths)
-    plan = plan_batches(lengths, budget, seed=0, epoch=0)[:batches]
     amp = resolve_amp("auto", device)
     model = _drafter(shape, device)
     g = torch.Generator().manual_seed(1)
@@ -78,7 +88,7 @@ def case(backends, lengths: list[int], budget: int, batches: int, passes: int, d
 
     def batch_of(rows: np.ndarray) -> Batch:
         lens = torch.as_tensor(lengths[rows])
-        b, t = len(rows), int(lens.max())
+        b, t = len(rows), -(-int(lens.max()) // pad) * pad
         valid = torch.arange(t)[None, :] < lens[:, None]
         return Batch(
             aux=(torch.randn(b, t, 3 * h, generator=g) * valid[..., None]).bfloat16().pin_memory(),
@@ -89,11 +99,15 @@ def case(backends, lengths: list[int], budget: int, batches: int, passes: int, d
             lengths=lens,
         )
 
-    data = [batch_of(rows) for rows in plan]
-    tokens = sum(b.num_tokens for b in data)
-    shapes = {tuple(b.aux.shape[:2]) for b in data}
-    out = {"batches": len(data), "tokens_per_pass": tokens, "distinct_shapes": len(shapes)}
+    plans = [
+        plan_batches(lengths, budget, seed=0, epoch=p if new_plans else 0)[:batches] for p in range(passes)
+    ]
+    out = {"batches": batches}
     for p in range(passes):
+        data = [batch_of(rows) for rows in plans[p]]
+        tokens = sum(b.num_tokens for b in data)
+        out[f"pass{p}_tokens"] = tokens
+        out[f"pass{p}_distinct_shapes"] = len({tuple(b.aux.shape[:2]) for b in data})
         torch.cuda.synchronize()
         start = time.perf_counter()
         for batch in data:
@@ -109,6 +123,8 @@ def case(backends, lengths: list[int], budget: int, batches: int, passes: int, d
 
 
 def run_child(name: str, **kwargs) -> dict:
+    backends, pad = CASES[name]
+    kwargs = {"backends": backends, "pad": pad, **kwargs}
     code = (
         f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import train_shapes as b;"
         f"print('RESULT', json.dumps(b.case(**{kwargs!r})))"
@@ -116,9 +132,9 @@ def run_child(name: str, **kwargs) -> dict:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return {"backends": name, **json.loads(line[7:])}
+            return {"case": name, **json.loads(line[7:])}
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
-    return {"backends": name, "error": tail[0][:400]}
+    return {"case": name, "error": tail[0][:400]}
 
 
 def main() -> None:
@@ -130,7 +146,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=24, help="steps per pass")
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--draft", type=int, default=16384, help="draft vocab size")
-    ap.add_argument("--backends", default=",".join(BACKENDS), help="comma list of " + ",".join(BACKENDS))
+    ap.add_argument("--cases", default=",".join(CASES), help="comma list of " + ",".join(CASES))
+    ap.add_argument("--new-plans", action="store_true", help="pass p steps through epoch p's plan")
     args = ap.parse_args()
     lengths = lengths_of(args).tolist()
     results = {
@@ -142,10 +159,10 @@ def main() -> None:
         "mean_sample_tokens": float(np.mean(lengths)),
         "cases": [],
     }
-    for name in args.backends.split(","):
+    for name in args.cases.split(","):
         results["cases"].append(
-            run_child(name, backends=BACKENDS[name], lengths=lengths, budget=args.budget,
-                      batches=args.batches, passes=args.passes, draft=args.draft)
+            run_child(name, lengths=lengths, budget=args.budget, batches=args.batches, passes=args.passes,
+                      draft=args.draft, new_plans=args.new_plans)
         )  # fmt: skip
         print(json.dumps(results["cases"][-1]), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,24 @@ def test_loader_plan_is_deterministic_and_within_budget(data):
         assert not a.aux[~a.valid].any() and not a.final[~a.valid].any()  # padding is zeros
 
 
+def test_loader_pads_rows_to_a_multiple_with_zeros(data):
+    # the drafter's rows are independent of their padding (tests/test_drafter.py); here: same content
+    plain = PairedLoader(data["shards"], data["stores"], 64, 3, data["expected"], prefetch=0)
+    padded = PairedLoader(
+        data["shards"], data["stores"], 64, 3, data["expected"], prefetch=0, pad_multiple=24
+    )
+    for a, b in zip(plain.epoch(0), padded.epoch(0), strict=True):
+        t = a.aux.shape[1]
+        assert b.aux.shape[1] % 24 == 0 and t <= b.aux.shape[1] < t + 24
+        assert torch.equal(b.aux[:, :t], a.aux) and torch.equal(b.final[:, :t], a.final)
+        assert torch.equal(b.input_ids[:, :t], a.input_ids) and torch.equal(b.loss_mask[:, :t], a.loss_mask)
+        assert torch.equal(b.valid[:, :t], a.valid) and not b.valid[:, t:].any()
+        assert not b.aux[:, t:].any() and not b.final[:, t:].any() and not b.input_ids[:, t:].any()
+        assert torch.equal(a.lengths, b.lengths)
+    with pytest.raises(ValueError, match="pad_multiple=0"):
+        PairedLoader(data["shards"], data["stores"], 64, 3, data["expected"], pad_multiple=0)
+
+
 def test_data_fraction_keeps_nested_conversation_subsets():
     ids = [f"conv-{i}" for i in range(2000)]
     kept = {f: {c for c in ids if conversation_kept(c, f, seed=0)} for f in (0.25, 0.5, 1.0)}

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -334,3 +335,17 @@ def detect_prompt_format(record: Mapping) -> str:
     ):
         return "alpaca"
     return detect_format(record)
+
+
+# --------------------------------------------------------------------------- regenerated sample ids
+_SAMPLE_SUFFIX = re.compile(r"#s\d+$")
+
+
+def sample_id(conversation_id: str, sample: int) -> str:
+    """The id of response sample `sample` of a regenerated conversation: "<conversation id>#s<n>"."""
+    return f"{conversation_id}#s{sample}"
+
+
+def conversation_id(sample_id: str) -> str:
+    """The conversation a (possibly regenerated) sample belongs to: its id without "#s<n>"."""
+    return _SAMPLE_SUFFIX.sub("", sample_id)

@@ -26,6 +26,7 @@ import os
 import torch
 
 from eyas.atomic import atomic_file
+from eyas.data.formats import sample_id
 from eyas.data.tokenize import SampleRejected, read_prepared, render_prompt
 
 log = logging.getLogger("eyas.regenerate")
@@ -201,9 +202,8 @@ def regenerate_split(
                 fh.write(json.dumps(record | {"regenerated": False}, ensure_ascii=False) + "\n")
                 continue
             for stream in kept:
-                suffix = f"#s{stream['sample']}" if samples > 1 else ""
                 out = record | {
-                    "id": record["id"] + suffix,
+                    "id": sample_id(record["id"], stream["sample"]) if samples > 1 else record["id"],
                     "messages": stream["messages"],
                     "regenerated": True,
                 }

@@ -35,6 +35,47 @@ def run(spec: dict) -> dict:
     return stats
 
 
+def train_inputs(
+    *,
+    tokens_dir: str,
+    hidden_stores: list[str],
+    manifests: list[str] | None,
+    vocab_path: str,
+    model_dir: str,
+    model_id: str,
+    out_dir: str,
+    log_path: str,
+    heldout: tuple[str, list[str]] | None,
+    threads: int | None,
+) -> dict:
+    """`trainer.train`'s keyword inputs from a run's paths: the token shards of `tokens_dir`, the
+    provenance every store must carry (the model's own hash; tokenizer and template hashes of the
+    first token shard) and, with `heldout` = (eval tokens dir, eval stores), the held-out pairs."""
+    from eyas.provenance import model_hash
+    from eyas.store import read_token_shard, shard_paths
+
+    token_shards = shard_paths(tokens_dir)
+    first = read_token_shard(token_shards[0]).attrs
+    held = None if heldout is None else {"token_shards": shard_paths(heldout[0]), "hidden_stores": heldout[1]}
+    return dict(
+        token_shards=token_shards,
+        hidden_stores=list(hidden_stores),
+        vocab_path=vocab_path,
+        model_dir=model_dir,
+        out_dir=out_dir,
+        log_path=log_path,
+        expected_provenance={
+            "model_id": model_id,
+            "model_hash": model_hash(model_dir),
+            "tokenizer_hash": first["tokenizer_hash"],
+            "chat_template_hash": first["chat_template_hash"],
+        },
+        manifests=manifests,
+        heldout=held,
+        threads=threads,
+    )
+
+
 def train_job(settings: TrainSettings, inputs: dict, launch_log: str | None = None) -> dict:
     """Train with `settings.nproc` processes: in-process for 1, through torchrun for more."""
     import dataclasses

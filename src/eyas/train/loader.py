@@ -12,7 +12,6 @@ batches without reading them.
 from __future__ import annotations
 
 import hashlib
-import re
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -23,13 +22,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from eyas.data.formats import conversation_id
 from eyas.provenance import sha256_array
 from eyas.store import HiddenStore, ProvenanceError, check_provenance, read_token_shard
 
 TOKEN_FIELDS = ("model_id", "tokenizer_hash", "chat_template_hash")  # provenance a token shard carries
 SORT_WINDOW = 64  # samples sorted by length together: less padding, order still random across windows
 MIN_LENGTH = 3  # a sample needs t + 2 < T for one loss position
-SAMPLE_SUFFIX = re.compile(r"#s\d+$")  # regenerated samples of one conversation: "<id>#s<n>"
 
 
 def conversation_kept(sample_id: str, fraction: float, seed: int) -> bool:
@@ -38,8 +37,7 @@ def conversation_kept(sample_id: str, fraction: float, seed: int) -> bool:
     stay together."""
     if fraction >= 1:
         return True
-    conversation = SAMPLE_SUFFIX.sub("", sample_id)
-    digest = hashlib.sha256(f"{seed}:{conversation}".encode()).digest()
+    digest = hashlib.sha256(f"{seed}:{conversation_id(sample_id)}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
@@ -75,6 +73,8 @@ class PairedLoader:
     trainable token at index >= 2 are skipped (they can carry no loss). prefetch: batches read ahead
     (0 = read in the caller's thread); readers: threads reading those batches. fraction: train on
     that share of the conversations (`conversation_kept`); `skipped_by_fraction` counts the others.
+    pad_multiple: rows are padded to a multiple of it, so batch shapes repeat (on a GPU every new
+    shape costs host-side kernel set-up once: bench/train_shapes.py).
     """
 
     def __init__(
@@ -88,7 +88,10 @@ class PairedLoader:
         pin_memory: bool = False,
         readers: int = 4,
         fraction: float = 1.0,
+        pad_multiple: int = 1,
     ):
+        if pad_multiple < 1:
+            raise ValueError(f"pad_multiple={pad_multiple} must be >= 1")
         if len(token_shards) != len(hidden_stores):
             raise ValueError(f"{len(token_shards)} token shards but {len(hidden_stores)} hidden stores")
         if token_budget < MIN_LENGTH:
@@ -100,6 +103,7 @@ class PairedLoader:
         self.seed = seed
         self.prefetch = prefetch
         self.readers = readers
+        self.pad_multiple = pad_multiple
         self.pin_memory = pin_memory  # page-locked batches: the host-to-GPU copy can run async
         self.tokens = []  # per pair: (input_ids, loss_mask, offsets) numpy
         samples = []  # (pair, sample, length)
@@ -151,7 +155,7 @@ class PairedLoader:
         if rows is None:
             return None
         picks = self.samples[rows]
-        t_max = int(picks[:, 2].max())
+        t_max = -(-int(picks[:, 2].max()) // self.pad_multiple) * self.pad_multiple  # rounded up
         b = len(picks)
         # Allocated pinned when asked, and filled in place: stored chunks decode straight into the
         # batch (no per-sample tensors, no pinning copy). bf16 unless an fp8 store is among them.

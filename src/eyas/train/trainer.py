@@ -136,6 +136,9 @@ def stores_summary(store_attrs: list[dict]) -> dict:
     }
 
 
+GPU_PAD_MULTIPLE = 64  # batch lengths on a GPU: shapes repeat, at < 64 padded tokens a row (CPU: none)
+
+
 def loader_readers(device: torch.device, threads: int | None) -> int:
     """Reader threads of the loader: one on CPU, where the step needs every core; on a GPU host
     half the job's threads, up to 4. On the H200 host 4 readers fed the 8B-shape trainer 2.4x its
@@ -156,6 +159,7 @@ def make_loader(settings, token_shards, hidden_stores, expected_provenance, devi
         pin_memory=device.type == "cuda",
         readers=loader_readers(device, threads),
         fraction=settings.data_fraction,
+        pad_multiple=GPU_PAD_MULTIPLE if device.type == "cuda" else 1,
     )
 
 
