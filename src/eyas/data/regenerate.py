@@ -24,6 +24,7 @@ import logging
 import os
 
 import torch
+from tqdm import tqdm
 
 from eyas.atomic import atomic_file
 from eyas.data.formats import sample_id
@@ -77,7 +78,8 @@ class HFGenerator:
     def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[list[int]] = [[] for _ in prompts]
-        for batch in _batches(order, self.batch_size):
+        batches = _batches(order, self.batch_size)
+        for batch in tqdm(batches, desc="regenerate", unit="batch", disable=len(batches) < 2):
             outputs = generate_batch(
                 self.model,
                 self.tokenizer,
