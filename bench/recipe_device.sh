@@ -9,7 +9,8 @@
 #                                              (EXTRA_CONFIG="regenerate={enabled: false}": more --config)
 #   bash bench/recipe_device.sh wait RUN SECONDS OUT            # until it ends or SECONDS pass; copies
 #                                                               # RUN's small results to OUT
-#   bash bench/recipe_device.sh sweep PLAN                      # bench/recipe_sweep.py in the background
+#   bash bench/recipe_device.sh sweep PLAN [AFTER_RUN]          # bench/recipe_sweep.py in the background
+#                                              (with AFTER_RUN: once that run's Snakemake finished)
 #   bash bench/recipe_device.sh waitsweep SECONDS OUT           # until it ends; its JSON and log to OUT
 #
 # .smk/smk.tar.xz: snakemake 9.27.1 and the dependencies the GPU image lacks, installed for Python 3.12
@@ -78,10 +79,18 @@ case $step in
     cp /root/sweep.out /root/sweep-*.json "$out/" 2>/dev/null || true
     ;;
   sweep)
-    plan=$1
+    # AFTER_RUN: start only when that run's Snakemake has ended, and only if it finished every step
+    # (so one call can start the pipeline and queue the sweep behind it; later calls only wait)
+    plan=$1 after=${2:-}
     cp bench/recipe_sweep.py "$plan" /root/eyas/
     cd /root/eyas
-    setsid nohup python3 recipe_sweep.py --plan "$(basename "$plan")" --model /root/smollm2 \
+    setsid nohup bash -c '
+      after=$1; shift
+      if [[ -n $after ]]; then
+        while kill -0 "$(cat "$after/snakemake.pid")" 2>/dev/null; do sleep 5; done
+        grep -q "(100%) done" "$after/snakemake.out" || { echo "$after: the pipeline did not finish"; exit 1; }
+      fi
+      exec python3 "$@"' sweep "$after" recipe_sweep.py --plan "$(basename "$plan")" --model /root/smollm2 \
       --out "/root/sweep-$(basename "$plan")" > "/root/sweep.out" 2>&1 < /dev/null &
     echo $! > /root/sweep.pid
     sleep 5; tail -5 /root/sweep.out

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from eyas.atomic import atomic_file
 from eyas.config import TrainSettings, load_config
 from eyas.store import read_token_shard, shard_paths
 from eyas.train.job import train_inputs as job_inputs
@@ -135,6 +136,15 @@ def main() -> None:
     config = merged_config(plan["configs"])
     base = dataclasses.replace(config.train, progress=False, checkpoint_every=0)
     results: dict = {}
+    report = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor(),
+        "torch": torch.__version__,
+        "plan": plan,
+        "status": "training",
+        "variants": results,
+        "served": None,
+    }
     for variant in plan["variants"]:
         if "drafter" in variant:
             results[variant["name"]] = pipeline_variant(variant)
@@ -142,23 +152,25 @@ def main() -> None:
             results[variant["name"]] = train_variant(variant, base, args.model, args.workdir)
         figures = results[variant["name"]]
         print(variant["name"], figures["train_seconds"], figures["best_sim_tau"], flush=True)
-    served = None if args.no_served else serve(plan, config, results, args.model, args.workdir)
-    for name, figures in results.items():
-        if served is not None:
+        write_report(args.out, report)  # what is done so far survives a device budget that ends
+    if not args.no_served:
+        report["status"] = "serving"
+        write_report(args.out, report)
+        served = serve(plan, config, results, args.model, args.workdir)
+        report["served"] = served
+        for name, figures in results.items():
             by_k = served["sets"]["heldout"][name if name != plan["variants"][0]["name"] else "trained"]
             figures["served_tau"] = {k: r["tau"] for k, r in by_k.items()}
             minutes = figures["train_seconds"] / 60
             figures["tau_per_train_minute"] = {k: (t - 1) / minutes for k, t in figures["served_tau"].items()}
-    report = {
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor(),
-        "torch": torch.__version__,
-        "plan": plan,
-        "variants": results,
-        "served": served,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    report["status"] = "done"
+    write_report(args.out, report)
+
+
+def write_report(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as fh:
+        fh.write(json.dumps(report, indent=2) + "\n")
 
 
 def serve(plan: dict, config, results: dict, model_dir: str, workdir: Path) -> dict:
