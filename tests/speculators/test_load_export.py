@@ -9,7 +9,7 @@ What this checks (issue 17):
   `Eagle3DraftModel._keys_to_ignore_on_load_missing` and fills from the verifier itself
   (`verifier_norm`, `verifier_lm_head`: training-only teacher weights).
 - Values: every loaded tensor equals the export's (bf16 -> fp32 exactly); the embedding is the
-  target's (speculators 0.9.0 leaves a missing one as allocated, zeros in issue 17, with no warning).
+  target's (speculators 0.9.0 loads an export that lacks it without an error: zeros in issue 17).
 - Config: the aux layer ids, vocab sizes, flags, RoPE base and the verifier as speculators reads them.
 - Forward: speculators' own TTT forward over the same taps and tokens gives the logits eyas's drafter
   gives, for 3 TTT steps: to fp32 rounding against the drafter with the same (bf16-rounded) weights,
@@ -34,7 +34,6 @@ from speculators.models.eagle3 import Eagle3DraftModel  # noqa: E402
 
 from eyas.export import vllm_layer_ids  # noqa: E402
 from eyas.model.drafter import Eagle3Drafter  # noqa: E402
-from eyas.target import load_embed_and_head  # noqa: E402
 
 AUX_IDS, DRAFT_VOCAB, STEPS = [0, 1, 2], 512, 3  # as conftest.py's tiny_export (checked in `exported`)
 SEQ = 128  # flex attention masks come in 128-token blocks: speculators extends them per TTT step
@@ -159,9 +158,15 @@ def test_forward_equals_eyas_drafter_for_several_ttt_steps(exported, loaded):
         assert agree >= 0.9, (k, float(agree))
 
 
-def test_a_missing_embedding_would_be_caught(exported, tmp_path, tiny_model_dir):
-    """Guard on the test itself: the export without `embed_tokens.weight` (as before issue 17) loads in
-    speculators 0.9.0 with a zero embedding, and the checks above would see it."""
+def test_a_missing_embedding_would_be_caught(exported, tmp_path):
+    """Guard on the key test above: an export without `embed_tokens.weight` (as before issue 17) loads
+    in speculators 0.9.0 without an error, because speculators lists the key as one it may miss, and
+    the key test rejects it.
+
+    Its values are left to chance, so they are not asserted: speculators allocates the missing weight
+    uninitialised and keeps that memory (issue 17 saw zeros) unless the memory holds a NaN, when it
+    copies the verifier's (`SpeculatorModel._load_verifier_weights` in speculators/model.py). A CI run
+    saw the verifier's embedding there, a local run leftover memory."""
     from safetensors.torch import save_file
 
     export_dir, _ = exported
@@ -169,12 +174,9 @@ def test_a_missing_embedding_would_be_caught(exported, tmp_path, tiny_model_dir)
     broken.mkdir()
     (broken / "config.json").write_text((export_dir / "config.json").read_text())
     tensors = load_file(str(export_dir / "model.safetensors"))
-    saved_embed = tensors.pop("embed_tokens.weight")
-    verifier = tiny_model_dir
+    del tensors["embed_tokens.weight"]
     save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
     model = Eagle3DraftModel.from_pretrained(str(broken), dtype=torch.float32)
-    embed = model.state_dict()["embed_tokens.weight"]
-    # Neither the export's nor the verifier's embedding: left as allocated (issue 17 saw zeros; here it
-    # can be any leftover memory). The equality test above rejects it.
-    assert not torch.equal(embed, saved_embed.float())
-    assert not torch.equal(embed, load_embed_and_head(verifier)[0].float())
+    assert "embed_tokens.weight" in Eagle3DraftModel._keys_to_ignore_on_load_missing
+    missing = set(model.state_dict()) - set(tensors)
+    assert missing == {"embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight"}
