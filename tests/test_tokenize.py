@@ -246,6 +246,22 @@ def chat(user: str, answer: str) -> list[dict]:
     return [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
 
 
+def run_tokenize(tmp_path: Path, tokenizer_dir, split: str, num_shards: int, max_length: int):
+    """`tokenize_split` of tmp_path/<split>.jsonl into `num_shards` shards there: (stats, shards)."""
+    shards = [str(tmp_path / f"shard-{i:05d}.zarr") for i in range(num_shards)]
+    stats = tokenize_split(
+        str(tmp_path / f"{split}.jsonl"),
+        str(tokenizer_dir),
+        shards,
+        str(tmp_path / "rejects.jsonl"),
+        str(tmp_path / "stats.json"),
+        split=split,
+        max_length=max_length,
+        model_id="tiny",
+    )
+    return stats, shards
+
+
 def test_tokenize_split_shards_rejects_and_stats(tmp_path, tokenizer_dir, tokenizer):
     conversations = [
         chat("short", "ok"),
@@ -256,17 +272,7 @@ def test_tokenize_split_shards_rejects_and_stats(tmp_path, tokenizer_dir, tokeni
         chat("third", "three"),
     ]
     write_prepared(tmp_path / "train.jsonl", conversations)
-    shards = [str(tmp_path / f"shard-{i:05d}.zarr") for i in range(2)]
-    stats = tokenize_split(
-        str(tmp_path / "train.jsonl"),
-        str(tokenizer_dir),
-        shards,
-        str(tmp_path / "rejects.jsonl"),
-        str(tmp_path / "stats.json"),
-        split="train",
-        max_length=128,
-        model_id="tiny",
-    )
+    stats, shards = run_tokenize(tmp_path, tokenizer_dir, "train", num_shards=2, max_length=128)
     assert json.loads((tmp_path / "stats.json").read_text()) == stats
     assert stats["read"] == 6 == stats["kept"] + stats["rejected"] and stats["kept"] == 3
     assert stats["by_reason"] == {"no_loss_tokens": 1, "special_token_in_content": 1, "too_long": 1}
@@ -302,17 +308,7 @@ def test_tokenize_split_shards_rejects_and_stats(tmp_path, tokenizer_dir, tokeni
 
 def test_tokenize_split_empty_shards_are_valid(tmp_path, tokenizer_dir):
     write_prepared(tmp_path / "eval.jsonl", [chat("q", "a")])
-    shards = [str(tmp_path / f"shard-{i:05d}.zarr") for i in range(3)]
-    stats = tokenize_split(
-        str(tmp_path / "eval.jsonl"),
-        str(tokenizer_dir),
-        shards,
-        str(tmp_path / "rejects.jsonl"),
-        str(tmp_path / "stats.json"),
-        split="eval",
-        max_length=64,
-        model_id="tiny",
-    )
+    stats, shards = run_tokenize(tmp_path, tokenizer_dir, "eval", num_shards=3, max_length=64)
     assert [s["samples"] for s in stats["shards"]] == [1, 0, 0]
     empty = read_token_shard(shards[2])
     assert empty.num_samples == 0 and empty.sample_offsets.tolist() == [0] and empty.attrs["sample_ids"] == []
@@ -331,17 +327,7 @@ def test_read_prepared_names_bad_line(tmp_path):
 def test_tokenize_split_fails_when_every_conversation_is_rejected(tmp_path, tokenizer_dir):
     # A wrong eos in a converted tokenizer once rejected every sample; empty shards must not go on.
     write_prepared(tmp_path / "train.jsonl", [chat("long " * 100, "x"), chat("bad", "<|im_start|>")])
-    shards = [str(tmp_path / "shard-00000.zarr")]
     with pytest.raises(ValueError, match=r"train.jsonl: all 2 conversations rejected .*'too_long': 1") as err:
-        tokenize_split(
-            str(tmp_path / "train.jsonl"),
-            str(tokenizer_dir),
-            shards,
-            str(tmp_path / "rejects.jsonl"),
-            str(tmp_path / "stats.json"),
-            split="train",
-            max_length=128,
-            model_id="tiny",
-        )
+        run_tokenize(tmp_path, tokenizer_dir, "train", num_shards=1, max_length=128)
     assert "first: id 'c0': too_long" in str(err.value)
     assert not any(tmp_path.glob("shard-*")) and not (tmp_path / "stats.json").exists()
