@@ -20,7 +20,6 @@ import json
 import os
 import resource
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from child import run_in_child
 
 SHAPES = {  # drafter shapes: (hidden, intermediate, heads, kv heads, head_dim, vocab, draft vocab)
     "smollm2": dict(hidden=576, inter=1536, heads=9, kv=3, head_dim=64, vocab=49152, draft=8192),
@@ -183,18 +183,7 @@ def peak(device: torch.device) -> dict:
 # --------------------------------------------------------------------------- parent
 def run_case(name: str, threads: int, **kwargs) -> dict:
     """Run one case in a fresh interpreter; an out-of-memory or crash is reported, not hidden."""
-    here = str(Path(__file__).parent)
-    code = (
-        f"import json, sys, torch; torch.set_num_threads({threads}); sys.path.insert(0, {here!r});"
-        f"import train as b; print('RESULT', json.dumps(b.case_{name}(**{kwargs!r})))"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return {"case": name, **kwargs, **json.loads(line[7:])}
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
-    status = "oom" if "out of memory" in proc.stderr.lower() else "failed"
-    return {"case": name, **kwargs, "error": status, "detail": tail[0][:300]}
+    return {"case": name, **kwargs, **run_in_child("train", f"case_{name}", kwargs, threads)}
 
 
 def main() -> None:

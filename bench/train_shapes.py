@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from child import run_in_child  # noqa: E402
 from train import SHAPES, _drafter  # noqa: E402 - bench/train.py: the drafter at a named shape
 
 CASES = {  # name -> (eyas.model.drafter.ATTENTION_BACKENDS, rows padded to a multiple of)
@@ -124,17 +124,8 @@ def case(
 
 def run_child(name: str, **kwargs) -> dict:
     backends, pad = CASES[name]
-    kwargs = {"backends": backends, "pad": pad, **kwargs}
-    code = (
-        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import train_shapes as b;"
-        f"print('RESULT', json.dumps(b.case(**{kwargs!r})))"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return {"case": name, **json.loads(line[7:])}
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
-    return {"case": name, "error": tail[0][:400]}
+    result = run_in_child("train_shapes", "case", {"backends": backends, "pad": pad, **kwargs})
+    return {"case": name, **result}
 
 
 def main() -> None:
