@@ -66,8 +66,11 @@ case $step in
     tail -8 "$run/snakemake.out"
     newest=$(ls -t "$run"/results/logs/*.log "$run"/results/logs/*/*.log 2>/dev/null | head -1 || true)
     [[ -n $newest ]] && { echo "== $newest"; tail -25 "$newest"; }
-    cd "$run" && tar -czf "$out/$(basename "$run")-results.tgz" --exclude='*.zarr' --exclude='*.jsonl' \
-      --exclude='results/assets' --exclude='results/train/drafter*' --exclude='results/export' results snakemake.out
+    cat "$run"/results/logs/train*.log 2>/dev/null | tr '\r' '\n' | grep "eyas.train INFO" | cut -c1-400 | tail -12 || true
+    # the small files only (logs, reports, benchmarks, epochs.csv): a drafter or a store would not come back
+    cd "$run" && find results snakemake.out -type f -size -4M -not -path '*.zarr/*' -not -name '*.jsonl' \
+      -not -path 'results/assets/*' -not -name '*.safetensors' -not -name '*.pt' -print0 |
+      tar -czf "$out/$(basename "$run")-results.tgz" --null -T -
     ;;
   waitsweep)
     seconds=$1 out=$2

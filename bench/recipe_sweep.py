@@ -20,6 +20,7 @@ import argparse
 import csv
 import dataclasses
 import json
+import os
 import platform
 import shlex
 import sys
@@ -68,7 +69,7 @@ def train_inputs(run: Path, model_dir: str, out: Path) -> dict:
             str(run / "tokens" / "eval"),
             sorted(str(p) for p in (run / "hidden" / "eval").glob("shard-*.zarr")),
         ),
-        threads=16,
+        threads=len(os.sched_getaffinity(0)),  # every core this process may use
     )
 
 
