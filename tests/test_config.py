@@ -20,7 +20,7 @@ def _default() -> dict:
 def test_default_config_loads():
     c = cfg.load_config_file(DEFAULT)
     assert c.model.source == cfg.DEFAULT_MODEL_SOURCE
-    assert c.train.ttt_steps == 7 and c.train.step_weight == 0.8
+    assert c.train.ttt_steps == 4 and c.train.step_weight == 0.8  # the default evaluates k = 4
     assert [i.format for i in c.data.inputs] == ["alpaca", "sharegpt"]
 
 
