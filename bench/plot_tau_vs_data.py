@@ -15,6 +15,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from eyas.atomic import atomic_file
+
 
 def points(reports: list[Path]) -> list[dict]:
     """One point per served variant of every report; variants without a served τ are skipped by name."""
@@ -63,7 +65,8 @@ def plot(found: list[dict], out_png: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
+    with atomic_file(out_png, "wb") as fh:
+        fig.savefig(fh, format="png", dpi=120)
 
 
 def main() -> None:
@@ -74,9 +77,9 @@ def main() -> None:
     found = points(args.reports)
     if not found:
         raise SystemExit("no variant with a served tau in " + ", ".join(map(str, args.reports)))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"command": shlex.join([sys.executable, *sys.argv]), "points": found}
-    args.out.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    with atomic_file(args.out.with_suffix(".json")) as fh:
+        fh.write(json.dumps(payload, indent=2) + "\n")
     plot(found, args.out.with_suffix(".png"))
 
 

@@ -169,8 +169,7 @@ def main() -> None:
 
 
 def write_report(path: Path, report: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path) as fh:
+    with atomic_file(path) as fh:  # creates the parent dir
         fh.write(json.dumps(report, indent=2) + "\n")
 
 
