@@ -33,7 +33,7 @@ CASES = {  # name -> (eyas.model.drafter.ATTENTION_BACKENDS, rows padded to a mu
     "torch-default": (None, 1),  # torch's own priority order
     "cudnn-only": (["CUDNN_ATTENTION"], 1),
     "efficient-only": (["EFFICIENT_ATTENTION"], 1),
-    "eyas-pad64": ("default", 64),  # as the trainer loads on a GPU (trainer.GPU_PAD_MULTIPLE)
+    "eyas-pad64": ("default", 64),  # as the trainer loads on a GPU (loader.GPU_PAD_MULTIPLE)
 }
 
 

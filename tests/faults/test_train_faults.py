@@ -27,7 +27,8 @@ from trainkit import csv_rows, inputs, run, settings
 from eyas.model.drafter import Eagle3Drafter
 from eyas.train.checkpoint import CheckpointError, previous_dir, verify_checkpoint
 from eyas.train.job import EXIT_PREEMPTED, train_job
-from eyas.train.trainer import NonFiniteLoss, train
+from eyas.train.step import NonFiniteLoss
+from eyas.train.trainer import train
 
 torch.set_num_threads(1)
 

@@ -18,7 +18,7 @@ import torch
 
 from eyas.store import ProvenanceError
 from eyas.target import load_embed_and_head
-from eyas.train.loader import PairedLoader
+from eyas.train.loader import PairedLoader, pad_multiple_for
 from eyas.train.loss import simulated_tau, teacher_from_final, ttt_loss
 
 DEFAULT_TOKEN_BUDGET = 1024  # padded tokens per batch: step logits are [B, T, D] fp32 for every step
@@ -62,7 +62,10 @@ def evaluate_offline(
     """
     if ttt_steps < 1:
         raise ValueError(f"ttt_steps={ttt_steps} must be >= 1")
-    loader = PairedLoader(token_shards, hidden_stores, token_budget, seed=0, expected=expected_provenance)
+    loader = PairedLoader(
+        token_shards, hidden_stores, token_budget, seed=0, expected=expected_provenance,
+        pad_multiple=pad_multiple_for(device),
+    )  # fmt: skip
     _check_drafter_matches(drafter, loader.store_attrs, hidden_stores)
     drafter = drafter.to(device).eval()
     dtype = next(p for p in drafter.parameters() if p.is_floating_point()).dtype

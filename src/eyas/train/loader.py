@@ -65,6 +65,15 @@ class Batch:
         return Batch(**moved)
 
 
+GPU_PAD_MULTIPLE = 64  # batch lengths on a GPU: shapes repeat, at < 64 padded tokens a row
+
+
+def pad_multiple_for(device: torch.device | str) -> int:
+    """Row-length multiple of batches on `device`: GPU_PAD_MULTIPLE on a GPU, none (1) on CPU, where
+    a new shape costs nothing and padding only adds work."""
+    return GPU_PAD_MULTIPLE if torch.device(device).type == "cuda" else 1
+
+
 class PairedLoader:
     """Batches over paired stores; every pair is checked when the loader is built.
 

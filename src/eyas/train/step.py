@@ -1,10 +1,14 @@
-"""One optimizer step's forward and backward passes: the teacher on the device, the MLP recompute
-decision, global loss normalisers, gradients summed over ranks."""
+"""One optimizer step: the forward and backward passes (`train_step`: the teacher on the device, the MLP
+recompute decision, global loss normalisers, gradients summed over ranks), then clipping, the AdamW and
+schedule steps and the step's log row (`OptimizerStep`), and each epoch's pace (`EpochPace`)."""
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,6 +16,12 @@ from eyas.model.drafter import mlp_recompute_needed
 from eyas.train import distributed
 from eyas.train.loss import step_counts, teacher_cache_fits, teacher_in_vocab
 from eyas.train.parallel import Replicated, padding_batch
+
+if TYPE_CHECKING:
+    from eyas.train.checkpoint import Checkpointer, RunState, StopRequest
+    from eyas.train.csvlog import TrainLog
+
+log = logging.getLogger("eyas.train")
 
 
 class Teacher:
@@ -107,3 +117,86 @@ def train_step(
             float(c) / float(n) if n else 0.0 for c, n in zip(cond_correct, cond_count, strict=True)
         ],
     }
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or the gradient norm of a step is NaN or infinite: training stops before that step's
+    update (see `OptimizerStep`)."""
+
+
+class OptimizerStep:
+    """One optimizer step: forward/backward of this rank's micro-batches (`step.train_step`), clipping,
+    AdamW and schedule steps; it advances the run state and logs the step's row.
+
+    The rule for a NaN or infinite loss or gradient norm: the step's update is not applied, nothing
+    is logged or saved for it, and training stops with `NonFiniteLoss` naming the step and the last
+    good checkpoint (never training on into garbage, never skipping steps silently). Both values are
+    global (summed over ranks), so every rank stops at the same step."""
+
+    def __init__(
+        self, spread, teacher: Teacher, optimizer, scheduler, settings, amp, device, log: TrainLog,
+        checkpointer: Checkpointer, stop: StopRequest,
+    ):  # fmt: skip
+        self.spread, self.teacher, self.optimizer, self.scheduler = spread, teacher, optimizer, scheduler
+        self.settings, self.amp, self.device, self.log = settings, amp, device, log
+        self.checkpointer, self.stop = checkpointer, stop
+        self.waited = 0.0  # seconds this process waited for the loader's batches (not checkpointed)
+
+    def __call__(self, run: RunState, batches, share: list) -> dict:
+        """Draw this rank's grad_accum micro-batches from `batches` (its `share` of the step group:
+        sample rows per micro-batch, None for an empty slot). Returns the step's global metrics."""
+        started = time.perf_counter()
+        micro = [next(batches) for _ in range(self.settings.grad_accum)]
+        self.waited += time.perf_counter() - started
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = train_step(
+            self.spread, self.teacher, micro, self.settings, self.amp, self.device, self.stop.requested
+        )
+        grad_norm = self.spread.clip_gradients(self.settings.grad_clip)
+        if not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm)):
+            raise NonFiniteLoss(self.non_finite_message(run, metrics["loss"], grad_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        for rows_of_batch in share:
+            if rows_of_batch is not None:
+                run.seen[torch.as_tensor(rows_of_batch)] += 1
+        run.step, run.group_in_epoch = run.step + 1, run.group_in_epoch + 1
+        run.tokens += metrics["tokens"]
+        run.seconds += time.perf_counter() - started
+        row = [run.step, run.epoch, lr, metrics["loss"], *metrics["acc"], run.tokens, grad_norm]
+        run.log_rows.append(row)
+        self.log.append(row)
+        return metrics
+
+    def non_finite_message(self, run: RunState, loss: float, grad_norm: float) -> str:
+        last = self.checkpointer.last
+        where = (
+            f"last good checkpoint: {last[0]} (step {last[1]}); a rerun with the same settings resumes "
+            "there and meets this step again, and a changed setting starts from step 0"
+            if last is not None
+            else f"no checkpoint written yet (train.checkpoint_every = {self.settings.checkpoint_every})"
+        )
+        return (
+            f"train: loss {loss} / gradient norm {grad_norm} at step {run.step + 1} (epoch {run.epoch}): "
+            f"stopped before applying it. Usual cause: train.lr too high (now {self.settings.lr}); {where}"
+        )
+
+
+class EpochPace:
+    """Where an epoch's time went, logged at its end: steps, tokens/s, and the share spent waiting for
+    batches (a loader that cannot keep up shows here, not as a slow GPU)."""
+
+    def __init__(self, run: RunState, step: OptimizerStep):
+        self.step = step
+        self.started, self.waited = time.perf_counter(), step.waited
+        self.first_step, self.tokens = run.step, run.tokens
+
+    def log(self, run: RunState) -> None:
+        seconds = time.perf_counter() - self.started
+        tokens = run.tokens - self.tokens
+        log.info(
+            "epoch %d: %d steps, %d tokens in %.1f s (%.0f tok/s); waited %.1f s for batches",
+            run.epoch, run.step - self.first_step, tokens, seconds, tokens / max(seconds, 1e-9),
+            self.step.waited - self.waited,
+        )  # fmt: skip

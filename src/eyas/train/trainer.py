@@ -3,11 +3,11 @@ data parallelism (`ddp` or `fsdp`: parallel.py), checkpoint choice by simulated 
 
 `train` reads top to bottom; its parts are components of their own: the run state and the
 `Checkpointer` (checkpoint.py: save, resume, best epoch, final output), the `TrainLog` (csvlog.py:
-log.csv and epochs.csv), the `OptimizerStep` below and the `EpochEnd` (validation.py: coverage check
+log.csv and epochs.csv), the `OptimizerStep` (step.py) and the `EpochEnd` (validation.py: coverage check
 and held-out metrics). Resume is exact: a run killed at any point and restarted writes the same log
 rows, bit for bit on CPU, as one that never stopped. SIGTERM (a cluster's preemption) stops the run
 after the step in progress with a checkpoint (`checkpoint.StopRequest`, `Preempted`); a NaN or infinite
-loss stops it before that step's update (`OptimizerStep`, `NonFiniteLoss`).
+loss stops it before that step's update (`step.OptimizerStep`, `step.NonFiniteLoss`).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from eyas.target import load_embed_and_head, load_target_tensor, read_config
 from eyas.train import distributed
 from eyas.train.checkpoint import Checkpointer, Preempted, RunState, StopRequest, fingerprint
 from eyas.train.csvlog import TrainLog
-from eyas.train.loader import PairedLoader
+from eyas.train.loader import PairedLoader, pad_multiple_for
 from eyas.train.parallel import spread_over_ranks
-from eyas.train.step import Teacher, train_step
+from eyas.train.step import EpochPace, OptimizerStep, Teacher
 from eyas.train.validation import EpochEnd, HeldoutMetrics
 from eyas.validate import check_manifests
 from eyas.vocab import load_draft_vocab
@@ -136,9 +136,6 @@ def stores_summary(store_attrs: list[dict]) -> dict:
     }
 
 
-GPU_PAD_MULTIPLE = 64  # batch lengths on a GPU: shapes repeat, at < 64 padded tokens a row (CPU: none)
-
-
 def loader_readers(device: torch.device, threads: int | None) -> int:
     """Reader threads of the loader: one on CPU, where the step needs every core; on a GPU host
     half the job's threads, up to 4. On the H200 host 4 readers fed the 8B-shape trainer 2.4x its
@@ -159,7 +156,7 @@ def make_loader(settings, token_shards, hidden_stores, expected_provenance, devi
         pin_memory=device.type == "cuda",
         readers=loader_readers(device, threads),
         fraction=settings.data_fraction,
-        pad_multiple=GPU_PAD_MULTIPLE if device.type == "cuda" else 1,
+        pad_multiple=pad_multiple_for(device),
     )
 
 
@@ -210,6 +207,26 @@ def provenance(settings, loader: PairedLoader, attrs: dict, vocab_path: str, wor
 
 
 # --------------------------------------------------------------------------- training
+@dataclasses.dataclass
+class Session:
+    """Everything the epoch loop works with, built once by `start_session` (resumed when a
+    checkpoint of the same run exists)."""
+
+    settings: object
+    world: distributed.World
+    loader: PairedLoader
+    run: RunState
+    total: int
+    spread: object
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    checkpointer: Checkpointer
+    step: OptimizerStep
+    end_epoch: EpochEnd
+    train_log: TrainLog
+    stop: StopRequest
+
+
 def train(
     settings,
     *,
@@ -234,9 +251,46 @@ def train(
     if settings.select_by_tau and not heldout:
         raise ValueError("train.select_by_tau needs held-out stores (heldout=...)")
     began = time.perf_counter()
-    world = distributed.current_world()
     if threads:
         torch.set_num_threads(threads)
+    s = start_session(
+        settings, token_shards, hidden_stores, vocab_path, model_dir, out_dir, log_path,
+        expected_provenance, heldout, threads,
+    )  # fmt: skip
+    resumed_from = s.run.step
+    log.info(
+        "train: %d samples, %d steps from step %d on %s; set up in %.1f s",
+        len(s.loader.samples), s.total, s.run.step, s.step.device, time.perf_counter() - began,
+    )  # fmt: skip
+    bar = tqdm(
+        total=s.total, initial=s.run.step, disable=not (settings.progress and s.world.main),
+        desc="train", unit="step",
+    )  # fmt: skip
+    try:
+        s.stop.__enter__()
+        metrics = run_epochs(s, bar)
+    finally:
+        s.stop.__exit__()
+        bar.close()
+        s.train_log.close()
+
+    stats = run_stats(s.run, resumed_from, s.world.size, settings.grad_accum, metrics)
+    stats.update(samples=len(s.loader.samples), samples_skipped_by_fraction=s.loader.skipped_by_fraction)
+    whole = s.checkpointer.save(s.run, s.spread, s.optimizer, s.scheduler)  # final weights, gathered once
+    if s.world.main:
+        s.checkpointer.write_output(whole, stats, best=bool(s.run.best))
+        s.train_log.finish(s.run.log_rows, s.run.epochs)
+        s.checkpointer.remove()
+    distributed.barrier(s.world)
+    return stats
+
+
+def start_session(
+    settings, token_shards, hidden_stores, vocab_path, model_dir, out_dir, log_path,
+    expected_provenance, heldout, threads,
+) -> Session:  # fmt: skip
+    """Loader, drafter, optimizer and schedule, resumed from this run's checkpoint when one exists."""
+    world = distributed.current_world()
     device = training_device(settings.device, world)
     amp = resolve_amp(settings.dtype, device)
     loader = make_loader(settings, token_shards, hidden_stores, expected_provenance, device, threads)
@@ -253,157 +307,59 @@ def train(
     optimizer, scheduler = optimizer_and_schedule(spread, settings, total)
     if found is not None:
         checkpointer.restore(found, run, spread, optimizer, scheduler)
-    resumed_from = run.step
     heldout_metrics = None
     if settings.select_by_tau:
         heldout_metrics = HeldoutMetrics(heldout, model_dir, expected_provenance, settings.ttt_steps, device)
-    end_epoch = EpochEnd(spread, checkpointer, heldout_metrics)
     train_log = TrainLog(log_path, settings.ttt_steps, world.main)
     train_log.start(run.log_rows)
     stop = StopRequest()
     step = OptimizerStep(
         spread, teacher, optimizer, scheduler, settings, amp, device, train_log, checkpointer, stop
     )
-    log.info(
-        "train: %d samples, %d steps from step %d on %s; set up in %.1f s",
-        len(loader.samples), total, run.step, device, time.perf_counter() - began,
+    end_epoch = EpochEnd(spread, checkpointer, heldout_metrics)
+    return Session(
+        settings, world, loader, run, total, spread, optimizer, scheduler, checkpointer, step,
+        end_epoch, train_log, stop,
     )  # fmt: skip
-    show = settings.progress and world.main
-    bar = tqdm(total=total, initial=run.step, disable=not show, desc="train", unit="step")
+
+
+def run_epochs(s: Session, bar) -> dict:
+    """Optimizer steps until `total` or the last epoch; returns the last step's metrics."""
+    settings, run, world = s.settings, s.run, s.world
     metrics: dict = {"acc": [], "loss": None}
-    try:
-        stop.__enter__()
-        while run.step < total and run.epoch < settings.epochs:
-            pace = EpochPace(run, step)
-            groups = distributed.step_groups(loader.plan(run.epoch), world.size, settings.grad_accum)
-            mine = [distributed.rank_share(g, world.rank, settings.grad_accum) for g in groups]
-            batches = loader.batches([mb for share in mine[run.group_in_epoch :] for mb in share])
-            stopped = False
-            for g in range(run.group_in_epoch, len(groups)):
-                metrics = step(run, batches, mine[g])
-                bar.update(1)
-                bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['acc'][0]:.3f}")
-                if run.step >= total:
-                    stopped = g + 1 < len(groups)
-                    break
-                if metrics["stop"] or (
-                    settings.checkpoint_every and run.step % settings.checkpoint_every == 0
-                ):
-                    checkpointer.save(run, spread, optimizer, scheduler)
-                if metrics["stop"]:  # every rank sees it at the same step (train_step's all-reduce)
-                    batches.close()
-                    raise Preempted(
-                        f"train: stopped on SIGTERM after step {run.step} of {total}; checkpoint "
-                        f"{checkpointer.dir} saved, and rerunning the job resumes from it"
-                    )
-            batches.close()
-            pace.log(run)
-            end_epoch(run, complete=not stopped, padded=padded_slots(loader, run.epoch, world.size, settings))
-            if stopped:
+    while run.step < s.total and run.epoch < settings.epochs:
+        pace = EpochPace(run, s.step)
+        groups = distributed.step_groups(s.loader.plan(run.epoch), world.size, settings.grad_accum)
+        mine = [distributed.rank_share(g, world.rank, settings.grad_accum) for g in groups]
+        batches = s.loader.batches([mb for share in mine[run.group_in_epoch :] for mb in share])
+        stopped = False
+        for g in range(run.group_in_epoch, len(groups)):
+            metrics = s.step(run, batches, mine[g])
+            bar.update(1)
+            bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['acc'][0]:.3f}")
+            if run.step >= s.total:
+                stopped = g + 1 < len(groups)
                 break
-            run.epoch, run.group_in_epoch = run.epoch + 1, 0
-    finally:
-        stop.__exit__()
-        bar.close()
-        train_log.close()
-
-    stats = run_stats(run, resumed_from, world.size, settings.grad_accum, metrics)
-    stats.update(samples=len(loader.samples), samples_skipped_by_fraction=loader.skipped_by_fraction)
-    whole = checkpointer.save(run, spread, optimizer, scheduler)  # final weights, gathered once
-    if world.main:
-        checkpointer.write_output(whole, stats, best=bool(run.best))
-        train_log.finish(run.log_rows, run.epochs)
-        checkpointer.remove()
-    distributed.barrier(world)
-    return stats
-
-
-class EpochPace:
-    """Where an epoch's time went, logged at its end: steps, tokens/s, and the share spent waiting for
-    batches (a loader that cannot keep up shows here, not as a slow GPU)."""
-
-    def __init__(self, run: RunState, step: OptimizerStep):
-        self.step = step
-        self.started, self.waited = time.perf_counter(), step.waited
-        self.first_step, self.tokens = run.step, run.tokens
-
-    def log(self, run: RunState) -> None:
-        seconds = time.perf_counter() - self.started
-        tokens = run.tokens - self.tokens
-        log.info(
-            "epoch %d: %d steps, %d tokens in %.1f s (%.0f tok/s); waited %.1f s for batches",
-            run.epoch, run.step - self.first_step, tokens, seconds, tokens / max(seconds, 1e-9),
-            self.step.waited - self.waited,
-        )  # fmt: skip
+            if metrics["stop"] or (settings.checkpoint_every and run.step % settings.checkpoint_every == 0):
+                s.checkpointer.save(run, s.spread, s.optimizer, s.scheduler)
+            if metrics["stop"]:  # every rank sees it at the same step (train_step's all-reduce)
+                batches.close()
+                raise Preempted(
+                    f"train: stopped on SIGTERM after step {run.step} of {s.total}; checkpoint "
+                    f"{s.checkpointer.dir} saved, and rerunning the job resumes from it"
+                )
+        batches.close()
+        pace.log(run)
+        s.end_epoch(run, complete=not stopped, padded=padded_slots(s.loader, run.epoch, world.size, settings))
+        if stopped:
+            break
+        run.epoch, run.group_in_epoch = run.epoch + 1, 0
+    return metrics
 
 
 def padded_slots(loader: PairedLoader, epoch: int, world_size: int, settings) -> int:
     """Empty micro-batch slots of an epoch (its batches do not fill every rank's last step group)."""
     return distributed.padded_slots(len(loader.plan(epoch)), world_size, settings.grad_accum)
-
-
-class NonFiniteLoss(RuntimeError):
-    """The loss or the gradient norm of a step is NaN or infinite: training stops before that step's
-    update (see `OptimizerStep`)."""
-
-
-class OptimizerStep:
-    """One optimizer step: forward/backward of this rank's micro-batches (`step.train_step`), clipping,
-    AdamW and schedule steps; it advances the run state and logs the step's row.
-
-    The rule for a NaN or infinite loss or gradient norm: the step's update is not applied, nothing
-    is logged or saved for it, and training stops with `NonFiniteLoss` naming the step and the last
-    good checkpoint (never training on into garbage, never skipping steps silently). Both values are
-    global (summed over ranks), so every rank stops at the same step."""
-
-    def __init__(
-        self, spread, teacher: Teacher, optimizer, scheduler, settings, amp, device, log: TrainLog,
-        checkpointer: Checkpointer, stop: StopRequest,
-    ):  # fmt: skip
-        self.spread, self.teacher, self.optimizer, self.scheduler = spread, teacher, optimizer, scheduler
-        self.settings, self.amp, self.device, self.log = settings, amp, device, log
-        self.checkpointer, self.stop = checkpointer, stop
-        self.waited = 0.0  # seconds this process waited for the loader's batches (not checkpointed)
-
-    def __call__(self, run: RunState, batches, share: list) -> dict:
-        """Draw this rank's grad_accum micro-batches from `batches` (its `share` of the step group:
-        sample rows per micro-batch, None for an empty slot). Returns the step's global metrics."""
-        started = time.perf_counter()
-        micro = [next(batches) for _ in range(self.settings.grad_accum)]
-        self.waited += time.perf_counter() - started
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics = train_step(
-            self.spread, self.teacher, micro, self.settings, self.amp, self.device, self.stop.requested
-        )
-        grad_norm = self.spread.clip_gradients(self.settings.grad_clip)
-        if not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm)):
-            raise NonFiniteLoss(self.non_finite_message(run, metrics["loss"], grad_norm))
-        self.optimizer.step()
-        self.scheduler.step()
-        for rows_of_batch in share:
-            if rows_of_batch is not None:
-                run.seen[torch.as_tensor(rows_of_batch)] += 1
-        run.step, run.group_in_epoch = run.step + 1, run.group_in_epoch + 1
-        run.tokens += metrics["tokens"]
-        run.seconds += time.perf_counter() - started
-        row = [run.step, run.epoch, lr, metrics["loss"], *metrics["acc"], run.tokens, grad_norm]
-        run.log_rows.append(row)
-        self.log.append(row)
-        return metrics
-
-    def non_finite_message(self, run: RunState, loss: float, grad_norm: float) -> str:
-        last = self.checkpointer.last
-        where = (
-            f"last good checkpoint: {last[0]} (step {last[1]}); a rerun with the same settings resumes "
-            "there and meets this step again, and a changed setting starts from step 0"
-            if last is not None
-            else f"no checkpoint written yet (train.checkpoint_every = {self.settings.checkpoint_every})"
-        )
-        return (
-            f"train: loss {loss} / gradient norm {grad_norm} at step {run.step + 1} (epoch {run.epoch}): "
-            f"stopped before applying it. Usual cause: train.lr too high (now {self.settings.lr}); {where}"
-        )
 
 
 def run_stats(run: RunState, resumed_from: int, world_size: int, grad_accum: int, metrics: dict) -> dict:
