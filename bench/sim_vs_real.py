@@ -11,7 +11,7 @@ own prompts, which difference makes the gap:
   part of a response the evaluation decodes);
 - `target_greedy`: teacher-forced on the target's own greedy continuation of each prompt (the text the
   real decode verifies);
-- `real`: speculative decoding of the same prompts (`speculative_generate`).
+- `real`: speculative decoding of the same prompts (`evaluate_specdec`, as the evaluation runs it).
 
 Each teacher-forced text is scored two ways: `training`, the trainer's metric (`ttt_loss`: a position
 counts only where the target's greedy token is in the draft vocab, correct = drafter argmax equals the
@@ -34,7 +34,7 @@ import torch
 from eyas.atomic import atomic_file
 from eyas.capture import TapCapture
 from eyas.data.tokenize import SampleRejected, build_sample, read_prepared, render_prompt
-from eyas.evaluate.specdec import plain_generate, speculative_generate
+from eyas.evaluate.specdec import evaluate_specdec, plain_generate
 from eyas.model.drafter import Eagle3Drafter
 from eyas.target import load_embed_and_head, load_target, load_tokenizer
 from eyas.train.loss import shift_left, simulated_tau, teacher_from_final, ttt_loss
@@ -50,10 +50,10 @@ def prompts_and_responses(eval_jsonl: Path, tokenizer, limit: int, max_prompt: i
         prompt = render_prompt(tokenizer, record["messages"], record["tools"])
         if len(prompt) > max_prompt:
             continue
-        try:
+        try:  # prepare kept it and tokenize did too: a rejection here means the files disagree
             ids, mask = build_sample(tokenizer, record["messages"], record["tools"])
-        except SampleRejected:
-            continue
+        except SampleRejected as err:
+            raise SystemExit(f"{eval_jsonl}: record {record['id']}: {err}") from err
         last = [0] * len(prompt) + mask[len(prompt) :]  # the last assistant turn only
         out.append({"id": record["id"], "prompt": prompt, "ids": ids, "mask_all": mask, "mask_last": last})
     return out
@@ -112,24 +112,6 @@ def score_text(target, drafter, head, ids: list[int], mask: list[int], steps: in
         chain_ok = chain_ok & correct
 
 
-def real_decode(target, drafter, prompts, max_new_tokens: int, k: int, eos: set[int]) -> dict:
-    """Speculative decoding of every prompt at temperature 0, aggregated as `evaluate_specdec` does."""
-    attempted, accepted, emitted, passes = [0] * k, [0] * k, 0, 0
-    layer_ids = drafter.config.aux_layer_ids
-    for prompt in prompts:
-        out, stats = speculative_generate(target, drafter, prompt, max_new_tokens, k, eos, layer_ids)
-        attempted = [a + b for a, b in zip(attempted, stats.position_attempted, strict=True)]
-        accepted = [a + b for a, b in zip(accepted, stats.position_accepted, strict=True)]
-        emitted += max(stats.generated - 1, 0) if stats.verify_passes else 0
-        passes += stats.verify_passes
-    return {
-        "tau": emitted / passes if passes else None,
-        "verify_passes": passes,
-        "acceptance_by_position": [a / n if n else None for a, n in zip(accepted, attempted, strict=True)],
-        "position_attempted": attempted,
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", type=Path, required=True, help="a finished job's results dir")
@@ -170,7 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         score_text(
             target, drafter, head, ids, [0] * n + [1] * len(continuation), args.k, texts["target_greedy"]
         )
-    real = real_decode(target, drafter, [i["prompt"] for i in items], args.max_new_tokens, args.k, eos)
+    decoded = evaluate_specdec(
+        model_dir, drafter, [i["prompt"] for i in items], max_new_tokens=args.max_new_tokens,
+        num_draft_tokens=args.k, eos_token_ids=eos, aux_layer_ids=drafter.config.aux_layer_ids,
+        check_equal=False, target=target,
+    )  # fmt: skip
+    real = {
+        key: decoded[key] for key in ("tau", "verify_passes", "acceptance_by_position", "position_attempted")
+    }
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "drafter": str(drafter_dir),
