@@ -31,10 +31,29 @@ def tiny_config(**overrides) -> DrafterConfig:
     return DrafterConfig(**base)
 
 
-@pytest.fixture()
-def drafter() -> Eagle3Drafter:
+MLA_LAYER = dict(
+    attention="mla",
+    num_key_value_heads=4,
+    head_dim=12,
+    q_lora_rank=24,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=6,
+)
+LAYERS = {
+    "llama": {},
+    "mla": MLA_LAYER,
+    "mla_eagle3.1": {**MLA_LAYER, "fc_norm": True, "norm_output": True},
+}
+
+
+@pytest.fixture(params=list(LAYERS))
+def drafter(request) -> Eagle3Drafter:
+    """The drafter with each decoder layer (`attention`: llama, mla, mla with the EAGLE-3.1 options):
+    the TTT, cache, padding and gradient tests hold for every one."""
     torch.manual_seed(0)
-    model = Eagle3Drafter(tiny_config()).eval()
+    model = Eagle3Drafter(tiny_config(**LAYERS[request.param])).eval()
     # Larger weights than the 0.02 init so attention patterns and the residual path matter.
     with torch.no_grad():
         for p in model.parameters():
@@ -43,6 +62,8 @@ def drafter() -> Eagle3Drafter:
 
 
 def test_param_names_match_sglang(drafter):
+    if drafter.config.attention != "llama":
+        pytest.skip("the MLA names are checked against SGLang's class: tests/sglang/test_export_mla.py")
     names = set(drafter.state_dict())
     expected = {
         "embed_tokens.weight",

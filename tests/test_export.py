@@ -174,6 +174,39 @@ def test_deepseek_family_export_writes_sglang_ids_and_reads_them_back(tmp_path):
     assert reloaded.config.aux_layer_ids == [2, 14, 26]
 
 
+@pytest.mark.parametrize("options", [{}, {"fc_norm": True, "norm_output": True}])
+def test_mla_export_keys_config_and_reload(tmp_path, options):
+    """The MLA drafter exports as `Eagle3DeepseekV2ForCausalLM` (its keys validated; SGLang's own
+    loader in tests/sglang/test_export_mla.py), reloads computing what it computes, and has no
+    speculators format."""
+    from test_drafter import MLA_LAYER
+
+    cfg = _config(**MLA_LAYER, **options, aux_layer_ids=[1, 14, 26])
+    torch.manual_seed(0)
+    trained = Eagle3Drafter(cfg).eval()
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.normal_(0, 0.3)
+    trained.save_pretrained(tmp_path / "drafter", extra_config={"model_hash": "m", "layer_ids": [1, 14, 26]})
+    summary = export_sglang(tmp_path / "drafter", tmp_path / "sglang", target_model_type="kimi_k25")
+    config = json.loads((tmp_path / "sglang" / "config.json").read_text())
+    weights = load_file(str(tmp_path / "sglang" / "model.safetensors"))
+    assert set(weights) == set(expected_tensors(cfg)) and summary["keys"] == len(weights)
+    assert ("fc_norm.0.weight" in weights) == bool(options)
+    assert config["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and config["rope_interleave"]
+    assert config["fc_norm"] == config["norm_output"] == bool(options)
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]  # SGLang adds 1 itself
+    reloaded = load_export(tmp_path / "sglang", trained.embed_tokens.weight.detach())
+    assert reloaded.config == trained.config
+    aux, ids = torch.randn(2, 12, 96), torch.randint(0, 100, (2, 12))
+    with torch.no_grad():
+        want, got = trained.ttt_forward(aux, ids, 3), reloaded.ttt_forward(aux, ids, 3)
+    for k in range(3):
+        assert float((got[k] - want[k]).abs().max()) <= 0.02 * float(want[k].abs().max()), k
+    with pytest.raises(ValueError, match="no speculators format"):
+        export_speculators(tmp_path / "drafter", tmp_path / "spec", HUB_VERIFIER, ["LlamaForCausalLM"])
+
+
 # --------------------------------------------------------------------------- the speculators verifier
 def _target_dir(tmp_path, hidden=32, vocab=100, layers=30, weights=True):
     """A stand-in target dir: config.json (+ an empty safetensors file) shaped like the drafter's target."""

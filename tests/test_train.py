@@ -109,9 +109,16 @@ def test_training_reduces_loss_and_writes_outputs(data, tmp_path):
     assert stats["tokens"] > 0 and stats["tokens_per_s"] > 0
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bf16 autocast: the CPU default with native bf16
-def test_resume_after_crash_matches_uninterrupted_run(data, tmp_path, monkeypatch, dtype):
-    s = settings(max_steps=5, epochs=3, dtype=dtype)
+@pytest.mark.parametrize(
+    "dtype, layer",  # bf16 autocast: the CPU default with native bf16; the MLA layer with EAGLE-3.1 options
+    [
+        ("float32", {}),
+        ("bfloat16", {}),
+        ("float32", {"drafter": "mla", "fc_norm": True, "norm_output": True}),
+    ],
+)
+def test_resume_after_crash_matches_uninterrupted_run(data, tmp_path, monkeypatch, dtype, layer):
+    s = settings(max_steps=5, epochs=3, dtype=dtype, **layer)
     run(data, tmp_path / "a", s)
 
     append = TrainLog.append
@@ -136,6 +143,9 @@ def test_resume_after_crash_matches_uninterrupted_run(data, tmp_path, monkeypatc
     monkeypatch.undo()
     stats = run(data, tmp_path / "b", s)
     assert stats["resumed_from_step"] == 2 and stats["steps"] == 5
+    assert Eagle3Drafter.from_pretrained(tmp_path / "b" / "drafter").config.attention == (
+        layer.get("drafter", "llama")
+    )
     a = Eagle3Drafter.from_pretrained(tmp_path / "a" / "drafter").state_dict()
     b = Eagle3Drafter.from_pretrained(tmp_path / "b" / "drafter").state_dict()
     for name in a:

@@ -178,6 +178,15 @@ class TrainSettings:
     select_by_tau: bool = True
     """At each epoch's end measure simulated tau on the held-out stores and output the weights of the
     best epoch (per-epoch metrics in results/train/epochs.csv)."""
+    drafter: Literal["auto", "llama", "mla"] = "auto"
+    """The draft layer's attention: `llama` (GQA, served as SGLang's `LlamaForCausalLMEagle3`), `mla`
+    (DeepSeek-V2 multi-latent attention with the target's MLA dims, or dims derived from its head
+    width for a target without MLA; served as `Eagle3DeepseekV2ForCausalLM`), `auto` = `mla` for a
+    target with MLA (`kv_lora_rank` in its config, e.g. DeepSeek-V3, Kimi-K2.5), else `llama`."""
+    fc_norm: bool = False
+    """mla only: an RMSNorm on each aux tap before fc (EAGLE-3.1's `fc_norm`)."""
+    norm_output: bool = False
+    """mla only: feed the post-norm state to the next drafting step (EAGLE-3.1's `norm_output`)."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ from eyas.core.layer_ids import tap_ids_from_sglang, tap_ids_from_vllm
 from eyas.export.speculators import SPECULATORS_ARCH
 from eyas.export.tensors import validate_tensors
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
+from eyas.model.mla import MLA_FIELDS
 
 
 def load_export(export_dir: str | os.PathLike, embed: torch.Tensor | None = None) -> Eagle3Drafter:
@@ -30,6 +31,11 @@ def load_export(export_dir: str | os.PathLike, embed: torch.Tensor | None = None
         kind = "speculators"
         layer = raw["transformer_layer_config"]
         aux = tap_ids_from_vllm(raw["eagle_aux_hidden_state_layer_ids"])
+    elif raw.get("architectures") == ["Eagle3DeepseekV2ForCausalLM"]:
+        kind = "sglang"
+        layer = {**raw, "head_dim": raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"]}
+        model_type = raw.get("eyas_provenance", {}).get("target_model_type", "deepseek_v3")
+        aux = tap_ids_from_sglang(model_type, raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     elif raw.get("architectures") == ["LlamaForCausalLMEagle3"]:
         kind = "sglang"
         layer = raw
@@ -53,6 +59,11 @@ def load_export(export_dir: str | os.PathLike, embed: torch.Tensor | None = None
         aux_layer_ids=aux,
         hidden_act=layer["hidden_act"],
         rope_scaling=layer.get("rope_scaling"),
+        # MLA fields: present in an Eagle3DeepseekV2ForCausalLM config only
+        attention="mla" if "kv_lora_rank" in layer else "llama",
+        **{f: layer.get(f) for f in MLA_FIELDS},
+        fc_norm=bool(layer.get("fc_norm", False)),
+        norm_output=bool(layer.get("norm_output", False)),
     )
     tensors = load_file(str(export_dir / "model.safetensors"))
     validate_tensors(tensors, cfg, kind)

@@ -24,7 +24,10 @@ def sglang_config(
     """config.json for SGLang's LlamaForCausalLMEagle3 (a one-layer Llama + EAGLE-3 fields).
 
     The aux ids are in SGLang's convention for the target's family (`eyas.core.layer_ids`): the
-    serving engine hands them to the target's `set_eagle3_layers_to_capture`."""
+    serving engine hands them to the target's `set_eagle3_layers_to_capture`. An MLA drafter gets
+    `Eagle3DeepseekV2ForCausalLM`'s config (`mla_config`)."""
+    if cfg.attention == "mla":
+        return mla_config(cfg, provenance, target_model_type)
     config = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
@@ -81,3 +84,48 @@ def export_sglang(
         "aux_layer_ids": list(model.config.aux_layer_ids),
         "sglang_aux_layer_ids": config["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
     }
+
+
+def mla_config(
+    cfg: DrafterConfig, provenance: dict | None = None, target_model_type: str = "deepseek_v3"
+) -> dict:
+    """config.json for SGLang's `Eagle3DeepseekV2ForCausalLM` (`models/kimi_k25_eagle3.py`, 0.5.17 and
+    0.5.23): a one-layer DeepSeek-V3 config (transformers' `DeepseekV3Config` reads it; SGLang's
+    model config gives the draft an MLA KV cache by its architecture) plus the EAGLE-3 fields and the
+    EAGLE-3.1 flags `fc_norm` / `norm_output` the class reads. Interleaved RoPE (`rope_interleave`)
+    at the drafter's theta, no scaling: what `eyas.model.mla` trains."""
+    config = {
+        "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_attention_heads,
+        "q_lora_rank": cfg.q_lora_rank,
+        "kv_lora_rank": cfg.kv_lora_rank,
+        "qk_nope_head_dim": cfg.qk_nope_head_dim,
+        "qk_rope_head_dim": cfg.qk_rope_head_dim,
+        "v_head_dim": cfg.v_head_dim,
+        "num_hidden_layers": 1,
+        "first_k_dense_replace": 1,  # the one layer is dense (the class builds a DeepseekV2MLP anyway)
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_interleave": True,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "fc_norm": cfg.fc_norm,
+        "norm_output": cfg.norm_output,
+        "torch_dtype": "bfloat16",
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": sglang_layer_ids(target_model_type, cfg.aux_layer_ids),
+            "use_aux_hidden_state": True,
+        },
+    }
+    config["eyas_provenance"] = {**(provenance or {}), "target_model_type": target_model_type}
+    return config

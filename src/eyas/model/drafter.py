@@ -8,7 +8,11 @@ https://github.com/sgl-project/sglang):
     h2     = attn(x) + h                   # residual is the un-normed h
     out    = h2 + mlp(post_attention_layernorm(h2))
     logits = lm_head(norm(out))            # over the DRAFT vocab D; draft id i is target id i + d2t[i]
-    hidden_out = out                       # fed back as h at the next step
+    hidden_out = out                       # fed back as h at the next step (norm(out) with norm_output)
+
+`attention: mla` swaps the Llama attention for DeepSeek-V2 multi-latent attention (`eyas.model.mla`,
+served as SGLang's `Eagle3DeepseekV2ForCausalLM`); with it, `fc_norm` RMS-normalises each aux tap
+before fc and `norm_output` feeds norm(out) back instead of out (EAGLE-3.1, `kimi_k25_eagle3.py`).
 
 Training-time test (`ttt_forward`) unrolls `steps` such steps over a whole sequence at once with the
 tree-of-steps mask of docs/design.md; `forward_step` + `DrafterCache` is the serving-time chain and
@@ -31,6 +35,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from eyas.core.atomic import atomic_dir
+from eyas.model.mla import MLA_FIELDS, MLAAttention, mla_dims
+from eyas.model.norm import RMSNorm
 
 DRAFTER_FORMAT = "eyas.drafter/1"
 QUERY_CHUNK = 2048  # query rows per SDPA call in ttt_forward: bounds the [chunk, T + k*chunk] bool mask
@@ -86,6 +92,23 @@ class DrafterConfig:
     """MLP activation; only SiLU (Llama) is implemented."""
     rope_scaling: dict | None = None
     """RoPE scaling dict; only None / rope_type "default" is supported."""
+    attention: str = "llama"
+    """The decoder layer's attention: `llama` (GQA, `LlamaForCausalLMEagle3`) or `mla` (DeepSeek-V2
+    multi-latent attention with the five dims below, `Eagle3DeepseekV2ForCausalLM`)."""
+    q_lora_rank: int | None = None
+    """mla: query latent width (q_a_proj 2H -> q_lora_rank)."""
+    kv_lora_rank: int | None = None
+    """mla: key/value latent width (the latent cached per token when served)."""
+    qk_nope_head_dim: int | None = None
+    """mla: per-head query/key width without position."""
+    qk_rope_head_dim: int | None = None
+    """mla: per-head query/key width with RoPE (the key part is shared by all heads)."""
+    v_head_dim: int | None = None
+    """mla: per-head value width."""
+    fc_norm: bool = False
+    """mla: an RMSNorm per aux tap before fc (EAGLE-3.1)."""
+    norm_output: bool = False
+    """mla: feed norm(out) to the next drafting step instead of out (EAGLE-3.1)."""
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -111,13 +134,34 @@ class DrafterConfig:
                 f"DrafterConfig: aux_layer_ids={self.aux_layer_ids} must hold 3 taps (fc is 3H -> H)"
             )
         self.aux_layer_ids = [int(i) for i in self.aux_layer_ids]
+        if self.attention == "mla":
+            missing = [f for f in MLA_FIELDS if not getattr(self, f)]
+            if missing or self.qk_rope_head_dim % 2:
+                raise ValueError(f"DrafterConfig: attention 'mla' needs even qk_rope_head_dim and {missing}")
+            if self.num_key_value_heads != self.num_attention_heads:
+                raise ValueError("DrafterConfig: attention 'mla' has one key/value head per query head")
+        elif self.attention == "llama":
+            if self.fc_norm or self.norm_output:
+                raise ValueError("DrafterConfig: fc_norm / norm_output are options of attention 'mla' only")
+        else:
+            raise ValueError(f"DrafterConfig: attention={self.attention!r} is not 'llama' or 'mla'")
 
     @classmethod
     def from_target_config(
-        cls, target_config: dict, draft_vocab_size: int, aux_layer_ids: list[int]
+        cls,
+        target_config: dict,
+        draft_vocab_size: int,
+        aux_layer_ids: list[int],
+        attention: str = "llama",
+        fc_norm: bool = False,
+        norm_output: bool = False,
     ) -> DrafterConfig:
-        """Shape the drafter like the target from an HF Llama-style `config.json` dict."""
-        c = target_config
+        """Shape the drafter like the target from its HF `config.json` dict (a multimodal wrapper's
+        `text_config`). attention `mla`: MLA dims from `eyas.model.mla.mla_dims`; `auto`: `mla` for
+        a target with MLA (`kv_lora_rank` in its config), else `llama`."""
+        c = target_config.get("text_config") or target_config
+        if attention == "auto":
+            attention = "mla" if c.get("kv_lora_rank") else "llama"
         missing = [
             k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if k not in c
         ]
@@ -130,12 +174,17 @@ class DrafterConfig:
         if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
             rope_scaling = None
         heads = int(c["num_attention_heads"])
+        mla = mla_dims(c) if attention == "mla" else {}
         return cls(
             hidden_size=int(c["hidden_size"]),
             intermediate_size=int(c["intermediate_size"]),
             num_attention_heads=heads,
-            num_key_value_heads=int(c.get("num_key_value_heads") or heads),
-            head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
+            num_key_value_heads=heads if mla else int(c.get("num_key_value_heads") or heads),
+            head_dim=(
+                mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
+                if mla
+                else int(c.get("head_dim") or c["hidden_size"] // heads)
+            ),
             rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta),
             max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
@@ -143,7 +192,13 @@ class DrafterConfig:
             draft_vocab_size=int(draft_vocab_size),
             aux_layer_ids=list(aux_layer_ids),
             hidden_act=c.get("hidden_act", "silu"),
-            rope_scaling=rope_scaling,
+            # The MLA draft runs plain RoPE at the target's theta: the draft's positions never exceed
+            # what it was trained on, and SGLang reads the draft's own config (no target yarn needed).
+            rope_scaling=None if mla else rope_scaling,
+            attention=attention,
+            fc_norm=fc_norm,
+            norm_output=norm_output,
+            **mla,
         )
 
     def to_dict(self) -> dict:
@@ -261,7 +316,7 @@ def _tree_chunk(
     c = hi - lo
     # Diagonal keys laid out step-major: key hi + j*c + i belongs to step j + 1 at row lo + i.
     kd = k_diag[:, :, lo:hi].transpose(2, 3).reshape(b, h, steps * c, hd)  # [B, h, k*C, hd]
-    vd = v_diag[:, :, lo:hi].transpose(2, 3).reshape(b, h, steps * c, hd)
+    vd = v_diag[:, :, lo:hi].transpose(2, 3).reshape(b, h, steps * c, v_diag.shape[-1])  # MLA: dv != hd
     keys = torch.cat([k0[:, :, :hi], kd], dim=2)  # [B, h, hi + k*C, hd]
     values = torch.cat([v0[:, :, :hi], vd], dim=2)
     rows = torch.arange(c, device=q.device)[:, None]  # [C, 1]
@@ -272,18 +327,6 @@ def _tree_chunk(
 
 
 # --------------------------------------------------------------------------- modules
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
 class Attention(nn.Module):
     """Llama GQA attention whose q/k/v read the 2H concat of normed embedding and normed hidden."""
 
@@ -326,7 +369,7 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = MLAAttention(cfg) if cfg.attention == "mla" else Attention(cfg)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the token embedding
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the incoming hidden
@@ -350,6 +393,8 @@ class Eagle3Drafter(nn.Module):
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # borrowed from the target, never trained
         self.fc = nn.Linear(3 * c.hidden_size, c.hidden_size, bias=False)
+        if c.fc_norm:  # one RMSNorm per aux tap before fc
+            self.fc_norm = nn.ModuleList([RMSNorm(c.hidden_size, c.rms_norm_eps) for _ in range(3)])
         self.layers = nn.ModuleList([DecoderLayer(c)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
@@ -392,7 +437,14 @@ class Eagle3Drafter(nn.Module):
     # ----------------------------------------------------------------------- forward
     def combine_taps(self, aux: Tensor) -> Tensor:
         """aux [B, T, 3H] (taps concatenated in aux_layer_ids order) -> [B, T, H]."""
+        if self.config.fc_norm:
+            taps = aux.chunk(3, dim=-1)  # 3 x [B, T, H]
+            aux = torch.cat([norm(tap) for norm, tap in zip(self.fc_norm, taps, strict=True)], dim=-1)
         return self.fc(aux)
+
+    def feed_forward(self, out: Tensor) -> Tensor:
+        """The hidden fed to the next drafting step: out, or norm(out) with norm_output."""
+        return self.norm(out) if self.config.norm_output else out
 
     def _logits(self, out: Tensor) -> Tensor:
         return self.lm_head(self.norm(out))  # [B, T, D]
@@ -405,7 +457,7 @@ class Eagle3Drafter(nn.Module):
         hidden [B, T, H] (fc'd taps or the drafter's own hidden_out), input_ids [B, T], position_ids [B, T].
         With a cache, this block's K/V are appended and queries see every cached position plus the
         block causally; without one, attention is causal within the block.
-        Returns (logits [B, T, D] over the draft vocab, hidden_out [B, T, H]).
+        Returns (logits [B, T, D] over the draft vocab, hidden_out [B, T, H] for the next step).
         """
         layer = self.layers[0]
         attn = layer.self_attn
@@ -422,7 +474,7 @@ class Eagle3Drafter(nn.Module):
         groups = self.config.num_attention_heads // self.config.num_key_value_heads
         out = sdpa(q, repeat_kv(k, groups), repeat_kv(v, groups), allowed)
         out = layer.finish(attn.project_out(out), hidden)  # [B, T, H]
-        return self._logits(out), out
+        return self._logits(out), self.feed_forward(out)
 
     def ttt_forward(self, aux: Tensor, input_ids: Tensor, steps: int) -> list[Tensor]:
         """Per-step logits [B, T, D] of `ttt_hidden` (evaluation; training never builds these)."""
@@ -463,7 +515,7 @@ class Eagle3Drafter(nn.Module):
             if k == 0:
                 k0, v0 = key, value
                 kd = key.new_zeros(*key.shape[:3], 0, key.shape[-1])  # [B, nH, T, 0, hd]
-                vd = kd
+                vd = value.new_zeros(*value.shape[:3], 0, value.shape[-1])  # [B, nH, T, 0, dv]
             else:
                 k_diag.append(key)
                 v_diag.append(value)
@@ -471,10 +523,11 @@ class Eagle3Drafter(nn.Module):
             out = tree_attention(q, k0, v0, kd, vd)  # [B, nH, T, hd]
             attn_out = attn.project_out(out)  # [B, T, H]
             if recompute_mlp and torch.is_grad_enabled():
-                hidden = checkpoint(layer.finish, attn_out, hidden, use_reentrant=False)
+                out = checkpoint(layer.finish, attn_out, hidden, use_reentrant=False)
             else:
-                hidden = layer.finish(attn_out, hidden)  # [B, T, H], fed to step k + 1
-            step_hidden.append(hidden)
+                out = layer.finish(attn_out, hidden)  # [B, T, H]
+            step_hidden.append(out)
+            hidden = self.feed_forward(out)  # fed to step k + 1
         return step_hidden
 
     def draft_to_target(self, draft_ids: Tensor) -> Tensor:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from eyas.config import TrainSettings
 from eyas.core.provenance import DRAFTER_PROVENANCE, sha256_file
 from eyas.data.vocab import load_draft_vocab
 from eyas.model import target
@@ -103,17 +104,24 @@ def _check_inputs(loader: PairedLoader, hidden_stores: list[str], vocab_meta: di
 
 
 def _build_model(
-    model_dir: str, attrs: dict, d2t: torch.Tensor, t2d: torch.Tensor, seed: int, init_head: bool
+    model_dir: str, attrs: dict, d2t: torch.Tensor, t2d: torch.Tensor, settings: TrainSettings
 ) -> tuple:
-    config = DrafterConfig.from_target_config(read_config(model_dir), len(d2t), attrs["layer_ids"])
+    config = DrafterConfig.from_target_config(
+        read_config(model_dir),
+        len(d2t),
+        attrs["layer_ids"],
+        attention=settings.drafter,
+        fc_norm=settings.fc_norm,
+        norm_output=settings.norm_output,
+    )
     if config.hidden_size != attrs["hidden_size"]:
         raise ProvenanceError(f"target hidden_size {config.hidden_size} != stores' {attrs['hidden_size']}")
-    torch.manual_seed(seed)
+    torch.manual_seed(settings.seed)
     model = Eagle3Drafter(config)
     embed, head = load_embed_and_head(model_dir)
     model.set_target_embedding(embed.float())
     model.set_vocab(d2t, t2d)
-    if init_head:
+    if settings.init_head_from_target:
         draft_target_ids = torch.arange(len(d2t)) + d2t  # [D] target id of each draft id
         with torch.no_grad():
             model.lm_head.weight.copy_(head[draft_target_ids].float())  # [D, H]
@@ -167,7 +175,7 @@ def build_drafter(
     """The drafter (on `device`, in train mode), the teacher head, and the stores' attrs."""
     d2t, t2d, vocab_meta = load_draft_vocab(vocab_path)
     attrs = _check_inputs(loader, hidden_stores, vocab_meta)
-    model, head = _build_model(model_dir, attrs, d2t, t2d, settings.seed, settings.init_head_from_target)
+    model, head = _build_model(model_dir, attrs, d2t, t2d, settings)
     model.to(device).train()
     teacher = Teacher(head, d2t, t2d, device, amp or torch.float32)
     return model, teacher, attrs
