@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eyas.core.layer_ids import LAYER_ID_CONVENTION, text_config, validate_layer_ids
+from eyas.core.layer_ids import LAYER_ID_CONVENTION, text_config, text_model_type, validate_layer_ids
 from eyas.core.provenance import EYAS_VERSION, FINAL_NORM, model_hash, sha256_array
 from eyas.model.target import read_config
 from eyas.store import COPIED_SHARD_ATTRS, ProvenanceError, TokenShard, read_token_shard
@@ -66,6 +66,10 @@ def store_attrs(
     return {
         "model_id": model_id,
         "model_hash": model_hash(model_dir),
+        # what ran: the checkpoint's class (a multimodal wrapper, e.g. KimiK25ForConditionalGeneration)
+        # and the language model whose layers were tapped (its model_type decides SGLang's layer ids)
+        "model_architecture": (read_config(model_dir).get("architectures") or [""])[0],
+        "text_model_type": text_model_type(read_config(model_dir)),
         "layer_ids": list(layer_ids),
         "layer_id_convention": LAYER_ID_CONVENTION,
         "final_norm": FINAL_NORM,

@@ -51,21 +51,30 @@ def load_target(
     return model.to(device).eval().requires_grad_(False)
 
 
+# Where a multimodal wrapper keeps its language model's tensors: Kimi-K2.5 (`language_model.model.*`,
+# `language_model.lm_head.*`, as sglang's models/kimi_k25.py loads them).
+WRAPPED_PREFIXES = ("language_model.",)
+
+
 def load_target_tensor(model_dir: str | os.PathLike, name: str) -> torch.Tensor:
-    """One named tensor of the target's safetensors (single file or sharded with an index)."""
+    """One named tensor of the target's safetensors (single file or sharded with an index); a wrapper's
+    language-model tensor is found under its prefix (`WRAPPED_PREFIXES`) when the plain name is absent."""
     model_dir = Path(model_dir)
     index_path = model_dir / "model.safetensors.index.json"
     if index_path.exists():
         weight_map = json.loads(index_path.read_text())["weight_map"]
-        if name not in weight_map:
-            raise KeyError(f"{index_path}: no tensor {name!r}")
-        file = model_dir / weight_map[name]
+        names = set(weight_map)
     else:
         file = model_dir / "model.safetensors"
+        with safe_open(file, "pt") as fh:
+            names = set(fh.keys())
+    found = next((n for n in (name, *(p + name for p in WRAPPED_PREFIXES)) if n in names), None)
+    if found is None:
+        raise KeyError(f"{index_path if index_path.exists() else file}: no tensor {name!r}")
+    if index_path.exists():
+        file = model_dir / weight_map[found]
     with safe_open(file, "pt") as fh:
-        if name not in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
-            raise KeyError(f"{file}: no tensor {name!r}")
-        return fh.get_tensor(name)
+        return fh.get_tensor(found)
 
 
 def load_embed_and_head(model_dir: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
