@@ -115,14 +115,18 @@ WRAPPER_CONFIG = {
 
 
 class _Init:
-    """Seeded bf16 tensors: matrices N(0, 1 / fan_in) (each sublayer moves the residual by O(1), so
-    every tap differs from the embedding), norms 1 + N(0, 0.1^2)."""
+    """Seeded bf16 tensors: matrices N(0, 0.25 / fan_in), norms 1 + N(0, 0.1^2).
+
+    The scale keeps the model out of chaos, so bf16 rounding stays far below the difference between
+    neighbouring taps (a capture one layer off must show): measured with transformers on 2 x 150 random
+    tokens, hidden_states[2, 4, 5, 8] of bf16 vs fp32 differ by 0.35-1.4 % relative RMS, neighbouring
+    layers by 14 %; at N(0, 1 / fan_in) with unbiased routing the floor was 7-32 % (MoE routing flips)."""
 
     def __init__(self, seed: int):
         self.gen = torch.Generator().manual_seed(seed)
 
     def matrix(self, rows: int, cols: int) -> torch.Tensor:
-        std = cols**-0.5
+        std = 0.5 * cols**-0.5
         return (torch.randn(rows, cols, generator=self.gen) * std).to(torch.bfloat16)
 
     def norm(self, size: int) -> torch.Tensor:
@@ -138,7 +142,7 @@ def language_model_tensors(c: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     h, nh = c["hidden_size"], c["num_attention_heads"]
     dn, dr, dv = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
     q_lora, kv_lora, im = c["q_lora_rank"], c["kv_lora_rank"], c["moe_intermediate_size"]
-    out = {"model.embed_tokens.weight": init.matrix(c["vocab_size"], h) * h**0.5}  # entries O(1)
+    out = {"model.embed_tokens.weight": init.matrix(c["vocab_size"], h) * 2 * h**0.5}  # entries N(0, 1)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}"
         out |= {
@@ -156,7 +160,11 @@ def language_model_tensors(c: dict, seed: int = 0) -> dict[str, torch.Tensor]:
             out |= _mlp(init, f"{p}.mlp", h, c["intermediate_size"])
             continue
         out[f"{p}.mlp.gate.weight"] = init.matrix(c["n_routed_experts"], h)
-        out[f"{p}.mlp.gate.e_score_correction_bias"] = init.vector(c["n_routed_experts"]).float()
+        # a spread of expert preferences (noaux_tc adds it before top-k): routing margins above bf16 noise
+        experts = c["n_routed_experts"]
+        out[f"{p}.mlp.gate.e_score_correction_bias"] = (
+            torch.randperm(experts, generator=init.gen).float() / (experts - 1) - 0.5
+        ) * 0.5
         for e in range(c["n_routed_experts"]):
             out |= _mlp(init, f"{p}.mlp.experts.{e}", h, im)
         out |= _mlp(init, f"{p}.mlp.shared_experts", h, im * c["n_shared_experts"])

@@ -42,7 +42,8 @@ from pathlib import Path
 log = logging.getLogger("eyas.sglang")
 
 TESTED = ((0, 5, 17), (0, 5, 23))  # inclusive range of releases eyas was built and tested against
-EAGLE3_DRAFT_ARCH = "LlamaForCausalLMEagle3"
+# The EAGLE-3 draft classes eyas exports: the Llama layer and the MLA layer (`train.drafter`).
+EAGLE3_DRAFT_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
 STEPS_PREFIX = "eyas:steps="  # weight_version of a select request: the k to pin
 NEVER = 2**62  # the adaptive policy's warm-up, in verify batches: it never adapts by itself
 LOAD_FORMAT_AUTO = "auto"  # SGLang's LoadFormat.AUTO: the dir's safetensors, else its .bin/.pt files
@@ -176,7 +177,8 @@ def generation_engine_args(base: dict, seed: int) -> dict:
 def is_eagle3_draft_dir(path: str | os.PathLike) -> bool:
     config = Path(path) / "config.json"
     try:
-        return EAGLE3_DRAFT_ARCH in (json.loads(config.read_text()).get("architectures") or [])
+        architectures = json.loads(config.read_text()).get("architectures") or []
+        return any(arch in architectures for arch in EAGLE3_DRAFT_ARCHS)
     except (OSError, ValueError):
         return False
 
@@ -438,7 +440,7 @@ def draft_swap_engine_class():
 
             path = os.fspath(draft_dir)
             if not is_eagle3_draft_dir(path):
-                raise ValueError(f"{path}/config.json: not an {EAGLE3_DRAFT_ARCH} drafter export")
+                raise ValueError(f"{path}/config.json: not an EAGLE-3 drafter export {EAGLE3_DRAFT_ARCHS}")
             request = UpdateWeightFromDiskReqInput(model_path=path, weight_version=f"{STEPS_PREFIX}{k}")
             result = self.call(
                 lambda: self.loop.run_until_complete(
