@@ -1,5 +1,6 @@
 # Config validation and input helpers. All logic lives in src/eyas; this file only maps config to paths.
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -28,8 +29,8 @@ STAGE_VERSION = {
     "prepare": 1,
     "tokenize": 1,
     "vocab": 1,
-    "extract": 3,
-    "train": 3,
+    "extract": 4,
+    "train": 4,
     "evaluate": 3,
     "export": 2,
     "validate": 1,
@@ -182,6 +183,17 @@ def benchmark_files():
     return files
 
 
+def mla_drafter():
+    """Whether the drafter is the MLA layer (train.drafter), which has no speculators format."""
+    if EYAS.train.drafter != "auto":
+        return EYAS.train.drafter == "mla"
+    config = Path(model_dir()) / "config.json"
+    if not config.exists():  # the default model is SmolLM2 (no MLA), fetched later
+        return False
+    raw = json.loads(config.read_text())
+    return bool((raw.get("text_config") or raw).get("kv_lora_rank"))
+
+
 def get_final_output():
     return [
         "results/eval/summary.json",
@@ -189,7 +201,7 @@ def get_final_output():
         "results/eval/tau.png",
         "results/export/sglang",
         *manifests("eval"),  # train manifests are train's inputs; eval stores are validated too
-        "results/export/speculators",
+        *([] if mla_drafter() else ["results/export/speculators"]),
     ]
 
 
@@ -199,4 +211,5 @@ def print_report_location():
     print("  plot:     results/eval/acceptance.png  |  tau per set: results/eval/tau.png")
     print("  report:   snakemake --report results/report.html  (tables and plots in one page)")
     print("  drafter:  results/train/drafter  |  SGLang export: results/export/sglang")
-    print("  vLLM speculators export: results/export/speculators")
+    if not mla_drafter():
+        print("  vLLM speculators export: results/export/speculators")
