@@ -86,3 +86,28 @@ def test_train_and_export_the_mla_drafter(run):
     drafter = Eagle3Drafter.from_pretrained(out / "drafter")
     assert set(load_file(str(out / "export" / "model.safetensors"))) == set(expected_tensors(drafter.config))
     assert load_export(out / "export", drafter.embed_tokens.weight.detach()).config == drafter.config
+
+
+def test_serving_inputs_on_cpu(run):
+    """All of the served step but the engines: prompts, the exports of the trained drafter and the
+    untrained control (both MLA, both recognised as EAGLE-3 drafts by the draft swap), engine args."""
+    from eyas.engine.sglang import is_eagle3_draft_dir
+
+    out = run["out"] / "trained"
+    if not (out / "export").exists():
+        kimi_wrapped.train_and_export(
+            run["data"], {"train": run["stores"]["hf-fp32"]}, run["models"]["bare"], out, 3, "cpu"
+        )
+    sets, exports, base = kimi_wrapped.serving_inputs(out, run["models"]["bare"], run["data"], "triton", 3)
+    assert len(sets["heldout"]) == 2 and all(len(p) > 5 for p in sets["heldout"])  # held-out shard: 2
+    assert set(exports) == {"trained", "untrained"}
+    for path in exports.values():
+        assert is_eagle3_draft_dir(path)
+        assert json.loads((Path(path) / "config.json").read_text())["architectures"] == [
+            "Eagle3DeepseekV2ForCausalLM"
+        ]
+    assert (
+        base["enable_multimodal"] is False
+        and base["skip_tokenizer_init"]
+        and base["attention_backend"] == "triton"
+    )

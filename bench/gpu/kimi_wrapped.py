@@ -285,13 +285,13 @@ def sglang_store(shard: str, model_dir: Path, out: str, chunk: int, attention: s
     )
 
 
-def serve(
-    out: Path, model_dir: Path, data: dict, attention: str, k: int, prompts: int, new_tokens: int
-) -> dict:
+def serving_inputs(out: Path, model_dir: Path, data: dict, attention: str, prompts: int) -> tuple:
+    """(prompt sets, drafter exports {trained, untrained}, engine base args) of the served run: the
+    held-out prompts (tokens before each answer), the trained export and an untrained control of the
+    same shape exported by the same exporter (`evaluate.drafters`)."""
     from eyas.config import SglangSettings
     from eyas.engine.sglang import base_engine_args
     from eyas.evaluate.drafters import export_for_serving, load_drafters
-    from eyas.evaluate.served import serve_drafters
     from eyas.store import read_token_shard
 
     drafters, _, _ = load_drafters(str(out / "drafter"), str(model_dir), None)
@@ -300,16 +300,21 @@ def serve(
     for i in range(min(prompts, held.num_samples)):
         ids, mask = held.sample(i)
         sets["heldout"].append(ids[: int(np.argmax(mask))].tolist())  # the prompt: tokens before the answer
-    base = (
-        base_engine_args(
-            SglangSettings(mem_fraction_static=0.5, attention_backend=attention), model_dir, "bfloat16", False
-        )
-        | ENGINE_ARGS
-    )
+    exports = export_for_serving(drafters, str(out / "export"), str(model_dir), str(out))
+    settings = SglangSettings(mem_fraction_static=0.5, attention_backend=attention)
+    return sets, exports, base_engine_args(settings, model_dir, "bfloat16", False) | ENGINE_ARGS
+
+
+def serve(
+    out: Path, model_dir: Path, data: dict, attention: str, k: int, prompts: int, new_tokens: int
+) -> dict:
+    from eyas.evaluate.served import serve_drafters
+
+    sets, exports, base = serving_inputs(out, model_dir, data, attention, prompts)
     record: dict = {}
     served = serve_drafters(
         prompt_sets=sets,
-        drafter_exports=export_for_serving(drafters, str(out / "export"), str(model_dir), str(out)),
+        drafter_exports=exports,
         base_args=base,
         ks=[k],
         max_new_tokens=new_tokens,
