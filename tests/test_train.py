@@ -213,7 +213,9 @@ def test_head_init_from_target(data, init_head):
 
     d2t, t2d, _ = load_draft_vocab(data["vocab"])
     attrs = HiddenStore(data["stores"][0]).attrs
-    model, _ = trainer_mod._build_model(data["model"], attrs, d2t, t2d, 0, init_head)
+    model, _ = trainer_mod._build_model(
+        data["model"], attrs, d2t, t2d, settings(init_head_from_target=init_head)
+    )
     _, head = load_embed_and_head(data["model"])
     rows = head[torch.arange(len(d2t)) + d2t].float()  # [D, H] target head rows of the draft vocab
     norm = load_target_tensor(data["model"], "model.norm.weight").float()
