@@ -34,9 +34,13 @@ def run_served(
     `serve_drafters`'s."""
     import tempfile
 
-    import sglang
-
-    from eyas.engine.sglang import SERVED_OWNED_ARGS, base_engine_args, server_arg_names, user_engine_args
+    from eyas.engine.sglang import (
+        SERVED_OWNED_ARGS,
+        base_engine_args,
+        installed_version,
+        server_arg_names,
+        user_engine_args,
+    )
     from eyas.evaluate.served import serve_drafters, write_served
 
     drafters, _, identity = load_drafters(drafter_dir, model_dir, baselines)
@@ -67,7 +71,7 @@ def run_served(
         )
     result = {
         "format": SERVED_FORMAT,
-        "sglang_version": sglang.__version__,
+        "sglang_version": installed_version(),
         "engine_args": {k: v for k, v in base.items() if k != "model_path"},
         "settings": specdec_settings(settings)
         | {"num_draft_tokens": ks, "concurrency": settings.concurrency},
