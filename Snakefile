@@ -21,6 +21,7 @@ include: "rules/extract.smk"
 include: "rules/validate.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
+include: "rules/export.smk"
 
 
 rule all:

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from eyas.atomic import atomic_file
+from eyas.core.atomic import atomic_file
+from eyas.evaluate.drafters import untrained_like
 from eyas.evaluate.sets import load_prompt_set
 from eyas.evaluate.specdec import evaluate_specdec
-from eyas.evaluate.stage import untrained_like
 from eyas.model.drafter import Eagle3Drafter
-from eyas.target import load_tokenizer, resolve_device
+from eyas.model.target import load_tokenizer, resolve_device
 
 
 def main() -> None:

@@ -28,13 +28,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eyas.capture import TapCapture, base_decoder
+from eyas.core.layer_ids import default_aux_layer_ids
 from eyas.extract import hf_backend
 from eyas.extract.hf_backend import batch_input_ids, extraction_stats, plan_shard, run_extraction
 from eyas.extract.job import peak_rss_bytes
-from eyas.layer_ids import default_aux_layer_ids
+from eyas.model.capture import TapCapture, base_decoder
+from eyas.model.target import load_target
 from eyas.store import HiddenStore, TokenShard, read_token_shard
-from eyas.target import load_target
 
 SHAPES = {  # Llama-3.2-1B and Llama-3.1-8B shapes
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,

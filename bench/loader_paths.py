@@ -4,7 +4,7 @@
     .venv/bin/python bench/loader_paths.py --shape 8b --samples 24 --readers 1,2
 
 Paths: `zarr`, zarr's own slicing (forced by making `eyas.store.direct_readable` answer False);
-`direct-copy`, direct chunk reads (`eyas.chunk_rows`) into per-sample tensors then copied into the
+`direct-copy`, direct chunk reads (`eyas.store.chunk_rows`) into per-sample tensors then copied into the
 batch (forced by making `HiddenStore.sample_into` take its copy path); `direct`, chunks decoded
 straight into the batch (what the loader does). Each (path, readers) runs in a fresh interpreter.
 Prints one JSON line per run.

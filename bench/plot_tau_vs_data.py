@@ -15,7 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from eyas.atomic import atomic_file
+from eyas.core.atomic import atomic_file
 
 
 def points(reports: list[Path]) -> list[dict]:

@@ -57,7 +57,7 @@ case $step in
     end=$((SECONDS + seconds))
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < end)); do sleep 5; done
     kill -0 "$pid" 2>/dev/null && echo "RUNNING after $seconds s" || echo "FINISHED"
-    # a training job still running: three samples of its Python stacks into its log (eyas.logs, SIGUSR1)
+    # a training job still running: three samples of its Python stacks into its log (eyas.core.logs, SIGUSR1)
     for p in $(pgrep -f '\.train\.py' || true); do
       [[ $(cat "/proc/$p/comm" 2>/dev/null) == python* ]] || continue
       for _ in 1 2 3; do kill -USR1 "$p" 2>/dev/null || true; sleep 1; done

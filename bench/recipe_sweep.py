@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from eyas.atomic import atomic_file
 from eyas.config import TrainSettings, load_config
+from eyas.core.atomic import atomic_file
 from eyas.store import read_token_shard, shard_paths
 from eyas.train.job import train_inputs as job_inputs
 
@@ -175,10 +175,10 @@ def write_report(path: Path, report: dict) -> None:
 
 def serve(plan: dict, config, results: dict, model_dir: str, workdir: Path) -> dict:
     """One served evaluation of every variant's drafter (the first is `trained`, the rest baselines)."""
-    from eyas.evaluate.stage import run_served
+    from eyas.core.layer_ids import text_model_type
+    from eyas.evaluate.stage_served import run_served
     from eyas.export import export_sglang
-    from eyas.layer_ids import text_model_type
-    from eyas.target import read_config
+    from eyas.model.target import read_config
 
     names = list(results)
     first = results[names[0]]["drafter"]

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from eyas.config import SglangSettings
-from eyas.data.regenerate import HFGenerator, SglangGenerator, regenerate_split
-from eyas.sglang_engine import base_engine_args, generation_engine_args, start_engine
-from eyas.target import load_target, load_tokenizer
+from eyas.engine.sglang import base_engine_args, generation_engine_args, start_engine
+from eyas.model.target import load_target, load_tokenizer
+from eyas.regenerate.responses import HFGenerator, SglangGenerator, regenerate_split
 
 
 def timed(fn) -> tuple[dict, float]:

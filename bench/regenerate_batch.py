@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from eyas.data.regenerate import HFGenerator, regenerate_split
-from eyas.target import load_target, load_tokenizer
+from eyas.model.target import load_target, load_tokenizer
+from eyas.regenerate.responses import HFGenerator, regenerate_split
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from eyas.config import EvaluateSettings, SglangSettings
-from eyas.evaluate.stage import run_served
+from eyas.evaluate.stage_served import run_served
 
 
 def main() -> None:

@@ -46,8 +46,8 @@ def _record(work: Path, step: str, info: dict) -> None:
 
 
 def _layer_ids(model: str) -> list[int]:
-    from eyas.layer_ids import resolve_aux_layer_ids
-    from eyas.target import read_config
+    from eyas.core.layer_ids import resolve_aux_layer_ids
+    from eyas.model.target import read_config
 
     return resolve_aux_layer_ids(read_config(model), None)
 
@@ -158,10 +158,10 @@ def step_speed(args) -> None:
     import sglang
     from sglang.srt.entrypoints.engine import Engine
 
+    from eyas.core.layer_ids import sglang_layer_ids, text_model_type
     from eyas.extract.sglang_backend import capture_route, engine_args, extract_shard_sglang
-    from eyas.layer_ids import sglang_layer_ids, text_model_type
+    from eyas.model.target import read_config
     from eyas.store import read_token_shard
-    from eyas.target import read_config
 
     model, extra = args.model, {}
     if args.dummy:

@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
-from eyas.atomic import atomic_file
-from eyas.capture import TapCapture
+from eyas.core.atomic import atomic_file
 from eyas.data.tokenize import SampleRejected, build_sample, read_prepared, render_prompt
 from eyas.evaluate.specdec import evaluate_specdec, plain_generate
+from eyas.model.capture import TapCapture
 from eyas.model.drafter import Eagle3Drafter
-from eyas.target import load_embed_and_head, load_target, load_tokenizer
+from eyas.model.target import load_embed_and_head, load_target, load_tokenizer
 from eyas.train.loss import shift_left, simulated_tau, teacher_from_final, ttt_loss
 
 

@@ -46,7 +46,7 @@ fi
 if ! PYTHONPATH=/tmp/site "$PYTHON" -c "import zarr" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
-EYAS=(env PYTHONPATH="$PWD/src:/tmp/site" "$PYTHON" -m eyas.cli)
+EYAS=(env PYTHONPATH="$PWD/src:/tmp/site" "$PYTHON" -m eyas.interop.cli)
 cpu=() cpu_loss=()
 if [[ ${CPU_SMOKE:-0} == 1 ]]; then
   cpu=(--set fsdp_sharding=NO_SHARD --set attention_backend=sdpa --set dataloader_num_workers=0)

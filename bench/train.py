@@ -123,8 +123,8 @@ def case_train(shape_name: str, rows: int, length: int, steps: int, device_name:
 def case_loader(shape_name: str, samples: int, length: int, budget: int, readers: int, pin: bool) -> dict:
     """Read rate of PairedLoader (reader threads, zarr + Blosc decode, pinning as the trainer on a GPU
     asks) over real stores on disk."""
-    from eyas.layer_ids import LAYER_ID_CONVENTION
-    from eyas.provenance import sha256_array
+    from eyas.core.layer_ids import LAYER_ID_CONVENTION
+    from eyas.core.provenance import sha256_array
     from eyas.store import bf16_to_uint16, hidden_store_writer, read_token_shard, write_token_shard
     from eyas.train.loader import PairedLoader
 

@@ -35,3 +35,19 @@ rule fetch_data:
         version=STAGE_VERSION["assets"],
     script:
         "../scripts/fetch_data.py"
+
+
+rule fetch_humaneval:
+    output:
+        problems="results/assets/eval/humaneval.jsonl",
+    log:
+        "results/logs/fetch_humaneval.log",
+    conda:
+        "../envs/eyas.yaml"
+    resources:
+        mem_mb=500,
+        runtime=10,
+    params:
+        version=STAGE_VERSION["assets"],
+    script:
+        "../scripts/fetch_humaneval.py"

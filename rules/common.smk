@@ -13,7 +13,7 @@ from eyas.config import (  # noqa: E402
     load_config,
     local_paths,
 )
-from eyas.model_dir import check_model_dir  # noqa: E402
+from eyas.core.model_dir import check_model_dir  # noqa: E402
 
 EYAS = load_config(config, command_line=workflow.config_settings.config)  # --config values come as strings
 check_local_paths(*local_paths(EYAS))  # before any job: a missing input is no error on a finished run

@@ -1,20 +1,4 @@
-# Real speculative decoding, one job per evaluation set; offline metrics and the summary; SGLang export.
-
-
-rule fetch_humaneval:
-    output:
-        problems="results/assets/eval/humaneval.jsonl",
-    log:
-        "results/logs/fetch_humaneval.log",
-    conda:
-        "../envs/eyas.yaml"
-    resources:
-        mem_mb=500,
-        runtime=10,
-    params:
-        version=STAGE_VERSION["assets"],
-    script:
-        "../scripts/fetch_humaneval.py"
+# Real speculative decoding, one job per evaluation set (HF) or one served job (SGLang); offline metrics, the summary and the report figures.
 
 
 rule specdec:
@@ -142,22 +126,3 @@ rule report_figures:
         version=STAGE_VERSION["evaluate"],
     script:
         "../scripts/report_figures.py"
-
-
-rule export_sglang:
-    input:
-        drafter="results/train/drafter",
-        model=model_dir(),
-    output:
-        export=directory("results/export/sglang"),
-    log:
-        "results/logs/export_sglang.log",
-    conda:
-        "../envs/eyas.yaml"
-    resources:
-        mem_mb=2000,
-        runtime=10,
-    params:
-        version=STAGE_VERSION["export"],
-    script:
-        "../scripts/export.py"

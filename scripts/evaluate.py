@@ -4,8 +4,9 @@ JSONs (scripts/specdec.py) into summary.json and the acceptance plot."""
 import json
 
 from eyas.config import EvaluateSettings, stage_settings
-from eyas.evaluate.stage import baseline_dirs, run_evaluation
-from eyas.logs import setup_stage_logging
+from eyas.core.logs import setup_stage_logging
+from eyas.evaluate.drafters import baseline_dirs
+from eyas.evaluate.stage_merge import run_evaluation
 from eyas.store import shard_paths
 
 sm = snakemake  # noqa: F821

@@ -3,9 +3,9 @@
 import json
 import os
 
+from eyas.core.logs import setup_stage_logging
 from eyas.export import export_speculators
-from eyas.logs import setup_stage_logging
-from eyas.target import read_config
+from eyas.model.target import read_config
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "export_speculators")

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from eyas.assets import fetch_default_data
-from eyas.logs import setup_stage_logging
+from eyas.core.logs import setup_stage_logging
 
 log = setup_stage_logging(snakemake.log[0], "fetch_data")  # noqa: F821
 out = Path(snakemake.output.data)  # noqa: F821

@@ -3,8 +3,8 @@
 import json
 
 from eyas.config import DataSettings, stage_settings
+from eyas.core.logs import setup_stage_logging
 from eyas.data.prepare import prepare
-from eyas.logs import setup_stage_logging
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "prepare")

@@ -5,9 +5,9 @@ import json
 import torch
 
 from eyas.config import RegenerateSettings, SglangSettings, stage_settings
-from eyas.data.regenerate import run_regenerate
-from eyas.gpus import claim_gpus
-from eyas.logs import setup_stage_logging
+from eyas.core.gpus import claim_gpus
+from eyas.core.logs import setup_stage_logging
+from eyas.regenerate.responses import run_regenerate
 
 
 def main(sm) -> None:

@@ -3,6 +3,7 @@
 import json
 import os
 
+from eyas.core.logs import setup_stage_logging
 from eyas.evaluate.report import (
     plot_loss,
     plot_tau,
@@ -12,7 +13,6 @@ from eyas.evaluate.report import (
     tau_table,
     write_tsv,
 )
-from eyas.logs import setup_stage_logging
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "report_figures")

@@ -1,9 +1,10 @@
 """Served evaluation: every set, drafter and k with the target in SGLang (evaluate.backend sglang)."""
 
 from eyas.config import EvaluateSettings, SglangSettings, stage_settings
-from eyas.evaluate.stage import baseline_dirs, run_served
-from eyas.gpus import claim_gpus
-from eyas.logs import setup_stage_logging
+from eyas.core.gpus import claim_gpus
+from eyas.core.logs import setup_stage_logging
+from eyas.evaluate.drafters import baseline_dirs
+from eyas.evaluate.stage_served import run_served
 
 
 def main(sm) -> None:

@@ -1,8 +1,9 @@
 """Real speculative decoding of the trained drafter and baselines on one evaluation set (wildcard `set`)."""
 
 from eyas.config import EvaluateSettings, stage_settings
-from eyas.evaluate.stage import baseline_dirs, run_specdec_set
-from eyas.logs import setup_stage_logging
+from eyas.core.logs import setup_stage_logging
+from eyas.evaluate.drafters import baseline_dirs
+from eyas.evaluate.stage_specdec import run_specdec_set
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], f"specdec.{sm.wildcards.set}")

@@ -3,9 +3,9 @@
 import json
 from pathlib import Path
 
-from eyas.atomic import atomic_dir
+from eyas.core.atomic import atomic_dir
+from eyas.core.logs import setup_stage_logging
 from eyas.data.tokenize import tokenize_split
-from eyas.logs import setup_stage_logging
 from eyas.store import shard_name
 
 sm = snakemake  # noqa: F821

@@ -3,8 +3,8 @@
 import json
 
 from eyas.config import TrainSettings, stage_settings
-from eyas.gpus import claim_gpus
-from eyas.logs import setup_stage_logging
+from eyas.core.gpus import claim_gpus
+from eyas.core.logs import setup_stage_logging
 from eyas.train.job import train_inputs, train_job
 
 sm = snakemake  # noqa: F821

@@ -3,11 +3,11 @@
 import json
 from pathlib import Path
 
-from eyas.layer_ids import resolve_aux_layer_ids
-from eyas.logs import setup_stage_logging
-from eyas.provenance import model_hash
+from eyas.core.layer_ids import resolve_aux_layer_ids
+from eyas.core.logs import setup_stage_logging
+from eyas.core.provenance import model_hash
+from eyas.model.target import read_config
 from eyas.store import shard_name
-from eyas.target import read_config
 from eyas.validate import validate_store, write_manifest
 
 sm = snakemake  # noqa: F821

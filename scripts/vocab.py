@@ -2,11 +2,11 @@
 
 import json
 
-from eyas.atomic import atomic_file
-from eyas.logs import setup_stage_logging
+from eyas.core.atomic import atomic_file
+from eyas.core.logs import setup_stage_logging
+from eyas.data.vocab import build_draft_vocab, save_draft_vocab
+from eyas.model.target import read_config
 from eyas.store import read_token_shard, shard_paths
-from eyas.target import read_config
-from eyas.vocab import build_draft_vocab, save_draft_vocab
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "vocab")

@@ -32,7 +32,7 @@ def tokenizer_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from eyas.target import load_tokenizer
+    from eyas.model.target import load_tokenizer
 
     return load_tokenizer(TOKENIZER_DIR)
 

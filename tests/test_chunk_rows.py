@@ -1,4 +1,4 @@
-"""Direct chunk reads (`eyas.chunk_rows`) return exactly what zarr returns, and are used only where
+"""Direct chunk reads (`eyas.store.chunk_rows`) return exactly what zarr returns, and are used only where
 the array's layout is eyas's own."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import pytest
 import torch
 import zarr
 
-from eyas.chunk_rows import ChunkRows, direct_readable
 from eyas.store import HiddenStore, bf16_to_uint16, hidden_codec, hidden_store_writer
+from eyas.store.chunk_rows import ChunkRows, direct_readable
 
 
 def _store(path, storage, lengths=(40, 0, 3, 100, 17), hidden=8, taps=3, chunk=24):
-    from eyas.quant import fp8_quantize
+    from eyas.store.quant import fp8_quantize
 
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     states = torch.randn(int(offsets[-1]), taps + 1, hidden) * torch.logspace(-2, 2, hidden)

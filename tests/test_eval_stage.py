@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from eyas.config import EvaluateSettings
-from eyas.evaluate.stage import _load_baseline
+from eyas.evaluate.drafters import _load_baseline
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
-from eyas.target import read_config
+from eyas.model.target import read_config
 
 PROVENANCE = {
     "model_id": "tiny",
@@ -46,8 +46,8 @@ def specdec_run(tmp_path_factory, tiny_model_dir):
     `run_specdec_set`: (root, drafter dir, {set: JSON path}, {set: returned dict}, stores)."""
     import numpy as np
 
-    from eyas.evaluate.stage import run_specdec_set
-    from eyas.provenance import sha256_array
+    from eyas.core.provenance import sha256_array
+    from eyas.evaluate.stage_specdec import run_specdec_set
     from eyas.store import bf16_to_uint16, hidden_store_writer, write_token_shard
 
     torch.set_num_threads(1)
@@ -101,7 +101,7 @@ def specdec_run(tmp_path_factory, tiny_model_dir):
 
 
 def merge(root, drafter_dir, paths, stores, model_dir, settings=SETTINGS):
-    from eyas.evaluate.stage import run_evaluation
+    from eyas.evaluate.stage_merge import run_evaluation
 
     return run_evaluation(
         drafter_dir=drafter_dir, specdec_paths=paths, token_shards=stores[0], hidden_stores=stores[1],

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 from test_drafter import tiny_config  # tests/ is on sys.path (rootdir conftest, no package)
 
+from eyas.core.provenance import model_hash
 from eyas.export import (
     check_verifier,
     expected_speculators_tensors,
@@ -23,7 +24,6 @@ from eyas.export import (
     validate_tensors,
 )
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
-from eyas.provenance import model_hash
 
 HUB_VERIFIER = "org/target"  # a well-formed Hub id, not cached here: accepted unchecked
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from eyas.core.layer_ids import LAYER_ID_CONVENTION, hf_hidden_index, validate_layer_ids
+from eyas.core.provenance import FINAL_NORM, chat_template_hash, sha256_array, tokenizer_hash
 from eyas.extract.batching import plan_batches
 from eyas.extract.hf_backend import extract_shard, resolve_dtype
-from eyas.layer_ids import LAYER_ID_CONVENTION, hf_hidden_index, validate_layer_ids
-from eyas.provenance import FINAL_NORM, chat_template_hash, sha256_array, tokenizer_hash
 from eyas.store import HiddenStore, ProvenanceError, check_provenance, write_token_shard
 from eyas.validate import validate_store
 
@@ -258,7 +258,7 @@ def test_fp8_storage_round_trip(tmp_path, token_shard, tiny_model_dir, reference
 
 
 def test_provenance_attrs(tmp_path, token_shard, tiny_model_dir, samples, tokenizer):
-    from eyas.provenance import EYAS_VERSION, model_hash
+    from eyas.core.provenance import EYAS_VERSION, model_hash
 
     _extract(token_shard, tmp_path / "h.zarr", tiny_model_dir, token_budget=64)
     store = HiddenStore(tmp_path / "h.zarr")

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from eyas.gpus import claim_gpus, local_run, lock_dir, visible_gpus
+from eyas.core.gpus import claim_gpus, local_run, lock_dir, visible_gpus
 
 # A claimant: takes N GPUs, reports CUDA_VISIBLE_DEVICES in a file named by its pid, then waits for
 # the release file to appear (or for a signal).
 CLAIMANT = """
 import os, sys, time
 from pathlib import Path
-from eyas.gpus import claim_gpus
+from eyas.core.gpus import claim_gpus
 out, n, timeout = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 try:
     claim_gpus(n, timeout=timeout, poll=0.05)

@@ -12,12 +12,13 @@ import pytest
 # EYAS_LAYERS_SRC: check another tree instead (an older checkout, say)
 SRC = Path(os.environ.get("EYAS_LAYERS_SRC") or Path(__file__).parents[1] / "src" / "eyas")
 LAYERS = [  # bottom first; an entry is a top-level module or package of eyas ("" = eyas itself)
-    {"", "atomic", "logs", "gpus", "provenance", "quant", "layer_ids", "chunk_rows", "config", "model_dir"},
+    {"", "core", "config"},  # foundations with no stage knowledge
     {"store", "assets"},
-    {"target", "capture", "vocab", "model", "sglang_engine"},
-    {"data", "extract", "validate"},
+    {"model", "engine"},
+    {"data", "regenerate", "extract", "validate"},  # the stages before training
     {"train"},
-    {"evaluate", "export", "specforge_import", "specforge_export", "specforge_train", "cli"},
+    {"evaluate", "export"},
+    {"interop"},  # other tools' formats and the `eyas` command line
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 
@@ -36,7 +37,10 @@ def eyas_imports(path: Path) -> list[str]:
             # `from eyas import target` imports a module, `from eyas import __version__` the package
             found += [f"eyas.{a.name}" if (SRC / f"{a.name}.py").exists() else "eyas" for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.startswith("eyas."):
-            found.append(node.module)
+            # `from eyas.train import distributed` imports the module eyas.train.distributed
+            package = SRC.joinpath(*node.module.split(".")[1:])
+            subs = [f"{node.module}.{a.name}" for a in node.names if (package / f"{a.name}.py").exists()]
+            found += subs if len(subs) == len(node.names) else [node.module, *subs]
         elif isinstance(node, ast.Import):
             found += [a.name for a in node.names if a.name.split(".")[0] == "eyas"]
     return found
@@ -56,5 +60,56 @@ def test_imports_run_down_the_layers(path):
 
 def test_the_check_sees_an_upward_import(tmp_path):
     bad = tmp_path / "loss.py"
-    bad.write_text("def f():\n    from eyas.evaluate.stage import run_evaluation\n")
-    assert [m for m in eyas_imports(bad) if RANK[top(m)] > RANK["train"]] == ["eyas.evaluate.stage"]
+    bad.write_text("def f():\n    from eyas.evaluate.stage_merge import run_evaluation\n")
+    assert [m for m in eyas_imports(bad) if RANK[top(m)] > RANK["train"]] == ["eyas.evaluate.stage_merge"]
+
+
+def module_name(path: Path) -> str:
+    """src/eyas/train/loss.py -> eyas.train.loss; src/eyas/store/__init__.py -> eyas.store."""
+    parts = ("eyas", *path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the eyas modules it imports (at any depth), modules of one package included."""
+    names = {module_name(p) for p in MODULES}
+    graph = {}
+    for path in MODULES:
+        # `from eyas.store import x` imports the package eyas.store (its face), not the module behind it
+        graph[module_name(path)] = {m for m in eyas_imports(path) if m in names} - {module_name(path)}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `graph` as [a, b, ..., a], or None (depth-first search with colours)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_circle_between_modules():
+    """Ranks order packages; inside a package the modules must not import each other in a circle either
+    (a circle means two modules share one idea: give it a home of its own)."""
+    assert find_cycle(import_graph()) is None, " -> ".join(find_cycle(import_graph()))
+
+
+def test_the_check_sees_a_circle():
+    graph = {"eyas.a": {"eyas.b"}, "eyas.b": {"eyas.c"}, "eyas.c": {"eyas.a"}, "eyas.d": set()}
+    assert find_cycle(graph) == ["eyas.a", "eyas.b", "eyas.c", "eyas.a"]
+    assert find_cycle({"eyas.a": {"eyas.b"}, "eyas.b": set()}) is None

@@ -11,7 +11,7 @@ import pytest
 JOB = textwrap.dedent(
     """
     import os, signal, sys, time
-    from eyas.logs import setup_stage_logging
+    from eyas.core.logs import setup_stage_logging
 
     log = setup_stage_logging(sys.argv[1], "probe")
     log.info("started")

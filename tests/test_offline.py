@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from eyas.core.provenance import sha256_array
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
-from eyas.provenance import sha256_array
+from eyas.model.target import load_embed_and_head, read_config
 from eyas.store import ProvenanceError, bf16_to_uint16, hidden_store_writer, uint16_to_bf16, write_token_shard
-from eyas.target import load_embed_and_head, read_config
 from eyas.train.heldout import evaluate_offline
 from eyas.train.loss import shift_left
 

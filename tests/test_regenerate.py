@@ -7,9 +7,9 @@ import json
 
 import torch
 
-from eyas.data.regenerate import HFGenerator, generate_batch, regenerate_split
 from eyas.evaluate.specdec import plain_generate
-from eyas.target import load_target
+from eyas.model.target import load_target
+from eyas.regenerate.responses import HFGenerator, generate_batch, regenerate_split
 
 
 def conversation(i: int, turns: int = 1) -> dict:

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from test_drafter import tiny_config  # tests/ is on sys.path (rootdir conftest, no package)
 
 from eyas.config import EvaluateSettings
+from eyas.evaluate.drafters import check_export
 from eyas.evaluate.report import plot_tau, tau_table
 from eyas.evaluate.served import (
     SERVED_FORMAT,
@@ -22,7 +23,7 @@ from eyas.evaluate.served import (
     request_figures,
     specdec_view,
 )
-from eyas.evaluate.stage import check_export, read_served
+from eyas.evaluate.stage_served import read_served
 from eyas.evaluate.summary import build_summary
 from eyas.export import sglang_tensors
 from eyas.model.drafter import Eagle3Drafter

@@ -10,6 +10,15 @@ import numpy as np
 import pytest
 import torch
 
+from eyas.core.layer_ids import (
+    resolve_aux_layer_ids,
+    sglang_captured_inputs,
+    sglang_layer_ids,
+    tap_ids_from_sglang,
+    tap_ids_from_vllm,
+    text_model_type,
+    vllm_layer_ids,
+)
 from eyas.extract.sglang_backend import (
     CaptureSpec,
     PrefixReuseError,
@@ -19,17 +28,8 @@ from eyas.extract.sglang_backend import (
     engine_args,
     request_rid,
 )
-from eyas.layer_ids import (
-    resolve_aux_layer_ids,
-    sglang_captured_inputs,
-    sglang_layer_ids,
-    tap_ids_from_sglang,
-    tap_ids_from_vllm,
-    text_model_type,
-    vllm_layer_ids,
-)
-from eyas.quant import fp8_dequantize, fp8_quantize
 from eyas.store import HiddenStore, write_token_shard
+from eyas.store.quant import fp8_dequantize, fp8_quantize
 
 K, H = 3, 8
 PREFIX = "eyas-test-"

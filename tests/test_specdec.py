@@ -19,7 +19,7 @@ from eyas.evaluate.specdec import (
     speculative_generate,
 )
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
-from eyas.target import load_target, read_config
+from eyas.model.target import load_target, read_config
 
 AUX = [0, 1, 2]
 VOCAB = 49152
@@ -288,9 +288,9 @@ def test_greedy_cache_decodes_each_prompt_once_and_still_checks(tiny_model_dir, 
 
 
 def test_a_loaded_target_is_used_as_is(tiny_model_dir, monkeypatch):
-    """A set's drafters share one loaded target (evaluate/stage.py): passing it gives the report a
+    """A set's drafters share one loaded target (evaluate/stage_specdec.py): passing it gives the report a
     fresh load gives, and nothing is loaded again."""
-    from eyas.target import load_target
+    from eyas.model.target import load_target
 
     prompts = [[1, 42, 977], [5, 6, 7, 8, 9]]
     kwargs = dict(max_new_tokens=8, num_draft_tokens=3, eos_token_ids={2}, aux_layer_ids=AUX)

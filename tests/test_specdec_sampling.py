@@ -18,7 +18,7 @@ from eyas.evaluate import specdec
 from eyas.evaluate.sampling import rejection_verify
 from eyas.evaluate.specdec import speculative_generate
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
-from eyas.target import load_target, read_config
+from eyas.model.target import load_target, read_config
 
 ALPHA = 1e-4
 

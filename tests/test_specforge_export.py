@@ -10,11 +10,11 @@ import pytest
 import torch
 import zarr
 
-import eyas.specforge_export as sfe
-from eyas.cli import main
-from eyas.quant import fp8_quantize
-from eyas.specforge_import import import_specforge
+import eyas.interop.specforge_export as sfe
+from eyas.interop.cli import main
+from eyas.interop.specforge_import import import_specforge
 from eyas.store import HiddenStore, ProvenanceError, hidden_store_writer, read_token_shard
+from eyas.store.quant import fp8_quantize
 
 HIDDEN, TAPS = 64, 3
 LENGTHS = [5, 7, 1, 300, 17, 9, 40]  # imported 4 a shard: shards of 4 and 3; 300 spans two 256-token chunks

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from eyas.cli import main
-from eyas.layer_ids import LAYER_ID_CONVENTION
-from eyas.provenance import model_hash, sha256_array
+from eyas.core.layer_ids import LAYER_ID_CONVENTION
+from eyas.core.provenance import model_hash, sha256_array
+from eyas.interop.cli import main
 from eyas.store import HiddenStore, check_provenance, read_token_shard
 from eyas.train.loader import check_pair
 

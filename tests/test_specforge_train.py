@@ -12,13 +12,13 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from eyas.cli import main
+from eyas.data.vocab import load_draft_vocab
 from eyas.export import sglang_config
+from eyas.interop.cli import main
+from eyas.interop.specforge_export import export_specforge
+from eyas.interop.specforge_train import eyas_state_dict, import_specforge_drafter
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
-from eyas.specforge_export import export_specforge
-from eyas.specforge_train import eyas_state_dict, import_specforge_drafter
-from eyas.target import load_embed_and_head, read_config
-from eyas.vocab import load_draft_vocab
+from eyas.model.target import load_embed_and_head, read_config
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_prepare_writes_specforge_inputs(dump, data, tmp_path, capsys):
 
 
 def test_prepare_refuses_unknown_setting(dump, data, tmp_path):
-    from eyas.specforge_train import prepare_specforge_run
+    from eyas.interop.specforge_train import prepare_specforge_run
 
     with pytest.raises(ValueError, match="unknown SpecForge setting"):
         prepare_specforge_run(dump, tmp_path / "run", data["model"], data["vocab"], {"epochs": 3})

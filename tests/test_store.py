@@ -147,7 +147,7 @@ def test_check_provenance_names_the_field():
 def test_direct_chunk_writes_equal_zarrs_own(tmp_path, storage):
     """The writer encodes chunks itself; every chunk file must be byte-identical to zarr's, edge
     chunk included, so any zarr reader reads the store."""
-    from eyas.quant import fp8_quantize
+    from eyas.store.quant import fp8_quantize
 
     lengths, hidden, taps = [40, 3, 100, 17], 8, 3  # 160 tokens in 24-token chunks: an edge chunk
     offsets = np.concatenate([[0], np.cumsum(lengths)])

@@ -10,7 +10,7 @@ import torch
 from eyas.evaluate.specdec import evaluate_specdec
 from eyas.evaluate.summary import SUMMARY_FORMAT, write_summary
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
-from eyas.target import read_config
+from eyas.model.target import read_config
 
 AUX = [0, 1, 2]
 OFFLINE = {

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from eyas.core.provenance import chat_template_hash, tokenizer_hash
 from eyas.data.formats import normalize_record
 from eyas.data.tokenize import (
     TOOLS_SYSTEM_PREFIX,
@@ -18,9 +19,8 @@ from eyas.data.tokenize import (
     render_prompt,
     tokenize_split,
 )
-from eyas.provenance import chat_template_hash, tokenizer_hash
+from eyas.model.target import load_tokenizer
 from eyas.store import read_token_shard
-from eyas.target import load_tokenizer
 
 DEFAULT_SYSTEM = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"

@@ -14,13 +14,13 @@ import torch
 import zarr
 from trainkit import LAYERS, csv_rows, inputs, run, settings, spawn_worker
 
+from eyas.data.vocab import save_draft_vocab
 from eyas.model.drafter import Eagle3Drafter
 from eyas.store import ProvenanceError
 from eyas.train import trainer as trainer_mod
 from eyas.train.csvlog import TrainLog
 from eyas.train.loader import PairedLoader, conversation_kept
 from eyas.train.trainer import lr_factor, train
-from eyas.vocab import save_draft_vocab
 
 torch.set_num_threads(1)
 
@@ -158,7 +158,7 @@ def test_changed_settings_do_not_resume(data, tmp_path, monkeypatch):
 
 
 def test_vocab_tokenizer_mismatch_refused(data, tmp_path):
-    from eyas.vocab import load_draft_vocab
+    from eyas.data.vocab import load_draft_vocab
 
     d2t, t2d, meta = load_draft_vocab(data["vocab"])
     save_draft_vocab(tmp_path / "v.safetensors", d2t, t2d, meta["stats"], tokenizer_hash="other")
@@ -197,9 +197,9 @@ def test_lr_schedule():
 
 @pytest.mark.parametrize("init_head", [True, False])
 def test_head_init_from_target(data, init_head):
+    from eyas.data.vocab import load_draft_vocab
+    from eyas.model.target import load_embed_and_head, load_target_tensor
     from eyas.store import HiddenStore
-    from eyas.target import load_embed_and_head, load_target_tensor
-    from eyas.vocab import load_draft_vocab
 
     d2t, t2d, _ = load_draft_vocab(data["vocab"])
     attrs = HiddenStore(data["stores"][0]).attrs

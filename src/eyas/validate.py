@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eyas.atomic import atomic_file
-from eyas.layer_ids import LAYER_ID_CONVENTION
-from eyas.provenance import EYAS_VERSION, FINAL_NORM, sha256_array
+from eyas.core.atomic import atomic_file
+from eyas.core.layer_ids import LAYER_ID_CONVENTION
+from eyas.core.provenance import EYAS_VERSION, FINAL_NORM, sha256_array
 from eyas.store import (
     REQUIRED_ATTRS,
     SHARD_FIELDS,

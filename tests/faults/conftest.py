@@ -101,7 +101,7 @@ def pytest_sessionfinish(session, exitstatus):
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "euid_root": hasattr(os, "geteuid") and os.geteuid() == 0,
     }
-    from eyas.atomic import atomic_file
+    from eyas.core.atomic import atomic_file
 
     with atomic_file(SUMMARY) as fh:
         json.dump(summary, fh, indent=1)
@@ -123,8 +123,8 @@ def token_shard_path(tmp_path_factory, tokenizer) -> Path:
     """One token shard of real chat-template samples, spanning several 256-token chunks."""
     import numpy as np
 
+    from eyas.core.provenance import chat_template_hash, tokenizer_hash
     from eyas.data.tokenize import build_sample
-    from eyas.provenance import chat_template_hash, tokenizer_hash
     from eyas.store import write_token_shard
 
     samples = []

@@ -22,14 +22,14 @@ CONVERSATIONS = [
 # victim patches its point, runs its eyas call and, at the point, writes its pid to `ready` and waits
 # there for the test's SIGKILL. The zygote reaps the victims and prints their exit codes as JSON.
 # The points are reached through public names only (zarr's Array.__setitem__,
-# HiddenStoreWriter.finish, eyas.atomic's shutil, torch.save, eyas.extract.hf_backend.stage_batch).
+# HiddenStoreWriter.finish, eyas.core.atomic's shutil, torch.save, eyas.extract.hf_backend.stage_batch).
 ZYGOTE = r"""
 import io, json, os, sys, time
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
 import zarr
-import eyas.atomic as atomic
+import eyas.core.atomic as atomic
 import eyas.extract.hf_backend as hf
 from eyas.config import TrainSettings
 from eyas.store import HiddenStoreWriter

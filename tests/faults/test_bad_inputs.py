@@ -17,7 +17,7 @@ from eyas.config import ConfigError, load_config_file
 from eyas.data.formats import REJECT_REASONS
 from eyas.data.prepare import MAX_REJECT_RECORD_CHARS, InputFileError, prepare
 from eyas.data.tokenize import tokenize_split
-from eyas.target import load_tokenizer, read_config
+from eyas.model.target import load_tokenizer, read_config
 
 BAD = Path(__file__).parents[1] / "data" / "bad"
 EXPECTED: dict[str, str | None] = json.loads((BAD / "expected.json").read_text())

@@ -35,7 +35,7 @@ TRAIN_SETTINGS = dict(
 
 
 def _train_inputs(root: Path, token_shard_path: Path, reference_store: Path, tiny_model_dir: Path) -> dict:
-    from eyas.vocab import build_draft_vocab, save_draft_vocab
+    from eyas.data.vocab import build_draft_vocab, save_draft_vocab
 
     attrs = zarr.open_group(reference_store, mode="r").attrs
     d2t, t2d, stats = build_draft_vocab([str(token_shard_path)], 49152, 64)

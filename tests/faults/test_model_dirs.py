@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from eyas.config import load_config_file
-from eyas.model_dir import ModelDirError, check_model_dir
+from eyas.core.model_dir import ModelDirError, check_model_dir
 
 REPO = Path(__file__).parents[2]
 

@@ -334,10 +334,10 @@ TIMING = ("tokens_per_s", "plain_tokens_per_s", "speedup")
 @pytest.fixture(scope="module")
 def served_inputs(tmp_path_factory, tiny_model_dir):
     """A drafter dir of the tiny target, its SGLang export (rule export_sglang's) and two prompt sets."""
+    from eyas.core.layer_ids import text_model_type
     from eyas.export import export_sglang
-    from eyas.layer_ids import text_model_type
     from eyas.model.drafter import DrafterConfig, Eagle3Drafter
-    from eyas.target import read_config
+    from eyas.model.target import read_config
 
     root = tmp_path_factory.mktemp("served_inputs")
     torch.manual_seed(0)

@@ -306,7 +306,7 @@ train_job(TrainSettings(**spec["settings"]), spec["inputs"], sys.argv[2])
 
 
 def test_sigterm_to_the_launcher_reaches_the_torchrun_ranks(data, tmp_path, ledger):
-    """The train rule's process runs torchrun (`distributed.launch`): SIGTERM to it is passed on to the
+    """The train rule's process runs torchrun (`launch.launch`): SIGTERM to it is passed on to the
     torchrun agent, which passes it to both ranks; they stop after the same step with the run's only
     checkpoint (no periodic ones), and the launcher fails with `Preempted` naming the log."""
     s = settings(max_steps=60, epochs=30, checkpoint_every=0, nproc=2)

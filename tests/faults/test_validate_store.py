@@ -12,8 +12,8 @@ import torch
 import zarr
 from faultkit import LAYER_IDS
 
-from eyas.layer_ids import LAYER_ID_CONVENTION
-from eyas.provenance import model_hash
+from eyas.core.layer_ids import LAYER_ID_CONVENTION
+from eyas.core.provenance import model_hash
 from eyas.store import HiddenStore, write_token_shard
 from eyas.validate import (
     StoreInvalid,
@@ -164,7 +164,7 @@ def test_validate_script_resolves_default_taps_of_a_wrapped_config(
     import runpy
     from types import SimpleNamespace
 
-    from eyas.layer_ids import resolve_aux_layer_ids
+    from eyas.core.layer_ids import resolve_aux_layer_ids
 
     text = json.loads((tiny_model_dir / "config.json").read_text()) | {"num_hidden_layers": 61}
     kimi = tmp_path / "kimi"

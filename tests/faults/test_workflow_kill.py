@@ -2,7 +2,7 @@
 Snakemake on the same results dir, on the real workflow with a tiny local target and data.
 
 A `sitecustomize` on the jobs' PYTHONPATH pauses a job at the rename of its finished temporary output
-into place (`os.replace`, which `eyas.atomic` uses) when `EYAS_TEST_PAUSE_AT` names that output; the
+into place (`os.replace`, which `eyas.core.atomic` uses) when `EYAS_TEST_PAUSE_AT` names that output; the
 test then SIGKILLs Snakemake's whole process group (Snakemake and the job: a lost login node, an OOM kill,
 `kill -9`). What must hold: nothing at the output path that looks finished, Snakemake's lock left for
 `--unlock`, and the rerun completes with outputs equal to the uninterrupted run's.

@@ -1,8 +1,9 @@
 """One stage job on the stand-in engine (standin_engine.py): `python tests/sglang/engine_job.py JOB.json`.
 
 What a Snakemake `script:` job of rule regenerate or served does after its settings are read:
-`eyas.data.regenerate.run_regenerate` or `eyas.evaluate.stage.run_served`, with the stage's logging
-(`eyas.logs.setup_stage_logging`: the rule's log file and stderr), the output dirs made first.
+`eyas.regenerate.responses.run_regenerate` or `eyas.evaluate.stage_served.run_served`, with the
+stage's logging (`eyas.core.logs.setup_stage_logging`: the rule's log file and stderr), the output dirs
+made first.
 JOB.json holds the function's arguments, the settings sections as the rule passes them
 (`dataclasses.asdict`). An error ends the
 job with exit status 1 and its traceback, as it ends a Snakemake script job. The engine spawns its
@@ -18,7 +19,7 @@ from pathlib import Path
 
 def run(job: dict) -> None:
     from eyas.config import EvaluateSettings, RegenerateSettings, SglangSettings, stage_settings
-    from eyas.logs import setup_stage_logging
+    from eyas.core.logs import setup_stage_logging
 
     setup_stage_logging(job["log"], job["stage"])
     outputs = job["paths"][1:3] if job["stage"] == "regenerate" else [job["kwargs"]["out_json"]]
@@ -29,7 +30,7 @@ def run(job: dict) -> None:
     standin_engine.install()
     engine_settings = stage_settings(SglangSettings, job["engine_settings"])
     if job["stage"] == "regenerate":
-        from eyas.data.regenerate import run_regenerate
+        from eyas.regenerate.responses import run_regenerate
 
         run_regenerate(
             *job["paths"],
@@ -38,7 +39,7 @@ def run(job: dict) -> None:
             max_length=job["max_length"],
         )
     else:
-        from eyas.evaluate.stage import run_served
+        from eyas.evaluate.stage_served import run_served
 
         run_served(
             **job["kwargs"],

@@ -181,7 +181,7 @@ def _serve(port_args, pipe_writer, role: str, served: dict | None) -> None:
     )
     from sglang.srt.utils.network import get_zmq_socket
 
-    from eyas.sglang_engine import STEPS_PREFIX
+    from eyas.engine.sglang import STEPS_PREFIX
 
     _record_pid()
     context = zmq.Context(2)
@@ -229,8 +229,8 @@ def install() -> None:
     """In the job process: every engine eyas starts gets the stand-in processes."""
     from sglang.srt.entrypoints.engine import Engine
 
-    import eyas.sglang_engine
+    import eyas.engine.sglang
 
     Engine.run_scheduler_process_func = staticmethod(scheduler)
     Engine.run_detokenizer_process_func = staticmethod(detokenizer)
-    eyas.sglang_engine.draft_swap_scheduler_process = spec_scheduler
+    eyas.engine.sglang.draft_swap_scheduler_process = spec_scheduler

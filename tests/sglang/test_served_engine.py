@@ -14,7 +14,7 @@ from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
 
 from eyas.config import SglangSettings
-from eyas.sglang_engine import (
+from eyas.engine.sglang import (
     SERVED_OWNED_ARGS,
     STEPS_PREFIX,
     base_engine_args,

@@ -16,5 +16,5 @@ exec bash tests/engine_venv.sh "${SPECFORGE_VENV:-.venv-specforge}" tests/specfo
     specforge.launch \
     specforge.algorithms.eagle3.model \
     specforge.data.utils \
-    eyas.specforge_export \
-    eyas.specforge_train
+    eyas.interop.specforge_export \
+    eyas.interop.specforge_train

@@ -34,14 +34,14 @@ pytest.importorskip(
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from eyas.core.provenance import DRAFTER_PROVENANCE  # noqa: E402
+from eyas.data.vocab import load_draft_vocab  # noqa: E402
 from eyas.export import sglang_config  # noqa: E402
+from eyas.interop.specforge_export import export_specforge  # noqa: E402
+from eyas.interop.specforge_train import eyas_state_dict, import_specforge_drafter, prepare_specforge_run  # noqa: E402
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
-from eyas.provenance import DRAFTER_PROVENANCE  # noqa: E402
-from eyas.specforge_export import export_specforge  # noqa: E402
-from eyas.specforge_train import eyas_state_dict, import_specforge_drafter, prepare_specforge_run  # noqa: E402
+from eyas.model.target import load_embed_and_head  # noqa: E402
 from eyas.store import HiddenStore, read_token_shard  # noqa: E402
-from eyas.target import load_embed_and_head  # noqa: E402
-from eyas.vocab import load_draft_vocab  # noqa: E402
 
 BENCH_RUN = Path(__file__).resolve().parents[2] / "bench" / "specforge_run.py"
 CPU = {"fsdp_sharding": "NO_SHARD", "attention_backend": "sdpa", "dataloader_num_workers": 0}

@@ -38,10 +38,10 @@ def tiny_export(tiny_model_dir, tmp_path_factory):
     writes). Returns the drafter dir, the export dir, the drafter, and the constants above."""
     import torch
 
+    from eyas.core.provenance import model_hash
     from eyas.export import export_speculators
     from eyas.model.drafter import DrafterConfig, Eagle3Drafter
-    from eyas.provenance import model_hash
-    from eyas.target import load_embed_and_head, read_config
+    from eyas.model.target import load_embed_and_head, read_config
 
     out = tmp_path_factory.mktemp("speculators")
     cfg = DrafterConfig.from_target_config(read_config(tiny_model_dir), DRAFT_VOCAB, AUX_IDS)

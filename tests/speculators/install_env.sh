@@ -16,4 +16,4 @@ exec bash tests/engine_venv.sh "${SPECULATORS_VENV:-.venv-speculators}" tests/sp
     vllm.transformers_utils.config \
     transformers.models.llama.modeling_llama \
     eyas.export \
-    eyas.target
+    eyas.model.target

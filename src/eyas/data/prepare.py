@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eyas.atomic import atomic_file
+from eyas.core.atomic import atomic_file
 from eyas.data.formats import FORMATS, RecordRejected, content_hash, normalize_record
 
 MAX_REJECT_RECORD_CHARS = 4096  # raw records in rejects.jsonl are cut to this many characters

@@ -36,12 +36,12 @@ import jinja2
 import jinja2.meta
 import numpy as np
 
-from eyas.atomic import atomic_file
+from eyas.core.atomic import atomic_file
+from eyas.core.provenance import EYAS_VERSION, chat_template_hash, tokenizer_hash
 from eyas.data.formats import ROLES
 from eyas.data.prepare import dumps_line, truncate_record
-from eyas.provenance import EYAS_VERSION, chat_template_hash, tokenizer_hash
+from eyas.model.target import load_tokenizer
 from eyas.store import write_token_shard
-from eyas.target import load_tokenizer
 
 TOOLS_SYSTEM_PREFIX = "You have access to the following functions (JSON schemas):\n"
 

@@ -12,7 +12,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from eyas.atomic import atomic_file, atomic_path
+from eyas.core.atomic import atomic_file, atomic_path
 
 BENCHMARK_COLUMNS = ("s", "max_rss", "cpu_time")  # wall seconds, peak RSS (MB), CPU seconds
 

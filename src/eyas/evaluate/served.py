@@ -27,7 +27,7 @@ import os
 import tempfile
 import time
 
-from eyas.atomic import atomic_file
+from eyas.core.atomic import atomic_file
 from eyas.evaluate.summary import json_safe
 
 log = logging.getLogger("eyas.evaluate.served")
@@ -201,7 +201,7 @@ def serve_drafters(
     `record`, if given, receives the raw outputs of the first set: {"plain": [...], "spec": {k: [...]}}
     (the first drafter's at each k). An engine that dies raises `sglang_engine.EngineDied` naming
     `stage`; both engines are shut down and the temporary dirs removed before it propagates."""
-    from eyas.sglang_engine import plain_engine_args, spec_engine_args, start_engine
+    from eyas.engine.sglang import plain_engine_args, spec_engine_args, start_engine
 
     timings = {}
     start = time.perf_counter()

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from eyas.capture import TapCapture
 from eyas.evaluate.sampling import draft_distribution, pick, probs, rejection_verify
+from eyas.model.capture import TapCapture
 from eyas.model.drafter import DrafterCache
-from eyas.target import load_target
+from eyas.model.target import load_target
 
 
 # --------------------------------------------------------------------------- pure helpers

@@ -12,7 +12,7 @@ import json
 import math
 import os
 
-from eyas.atomic import atomic_file, atomic_path
+from eyas.core.atomic import atomic_file, atomic_path
 
 SUMMARY_FORMAT = "eyas.summary/2"  # 2: per-set, per-drafter reports and the tau table
 SPECDEC_FIELDS = (

@@ -21,14 +21,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from eyas.capture import TapCapture, base_decoder
 from eyas.extract.batching import BATCH_OVERHEAD_TOKENS, CPU_BATCH_OVERHEAD_TOKENS, BatchPlan, plan_batches
 from eyas.extract.job import default_writer_threads, open_job, peak_rss_bytes, store_attrs, stored_bytes
 from eyas.extract.staging import PinnedPool, stage_batch
 from eyas.extract.writer import BatchWriter, empty_rows
-from eyas.quant import check_storage
+from eyas.model.capture import TapCapture, base_decoder
+from eyas.model.target import load_target
 from eyas.store import CHUNK_TOKENS, TokenShard, hidden_store_writer
-from eyas.target import load_target
+from eyas.store.quant import check_storage
 
 WINDOW_BYTES = 4 << 30  # raw states per planning window: bounds partly filled chunks held in memory
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eyas.layer_ids import LAYER_ID_CONVENTION, text_config, validate_layer_ids
-from eyas.provenance import EYAS_VERSION, FINAL_NORM, model_hash, sha256_array
+from eyas.core.layer_ids import LAYER_ID_CONVENTION, text_config, validate_layer_ids
+from eyas.core.provenance import EYAS_VERSION, FINAL_NORM, model_hash, sha256_array
+from eyas.model.target import read_config
 from eyas.store import COPIED_SHARD_ATTRS, ProvenanceError, TokenShard, read_token_shard
-from eyas.target import read_config
 
 
 def check_shard(shard: TokenShard, path: str, vocab_size: int) -> None:

@@ -29,8 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eyas.atomic import atomic_file
 from eyas.config import SglangSettings, stage_settings
+from eyas.core.atomic import atomic_file
+from eyas.core.layer_ids import sglang_layer_ids, text_model_type
+from eyas.engine.sglang import base_engine_args, check_tested, server_arg_names, user_engine_args
 from eyas.extract.job import (
     default_writer_threads,
     open_job,
@@ -40,10 +42,8 @@ from eyas.extract.job import (
 )
 from eyas.extract.staging import PinnedPool, stage_batch
 from eyas.extract.writer import BatchWriter, empty_rows
-from eyas.layer_ids import sglang_layer_ids, text_model_type
-from eyas.quant import check_storage
-from eyas.sglang_engine import base_engine_args, check_tested, server_arg_names, user_engine_args
 from eyas.store import CHUNK_TOKENS, hidden_store_writer, read_token_shard
+from eyas.store.quant import check_storage
 
 BUILTIN_CAPTURE_FROM = (0, 5, 22)  # `enable_return_aux_hidden_states` (capture-only mode) exists
 WARMUP_REQUESTS = 8

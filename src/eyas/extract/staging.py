@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eyas.quant import fp8_quantize
+from eyas.store.quant import fp8_quantize
 
 
 class PinnedPool:

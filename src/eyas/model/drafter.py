@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from eyas.atomic import atomic_dir
+from eyas.core.atomic import atomic_dir
 
 DRAFTER_FORMAT = "eyas.drafter/1"
 QUERY_CHUNK = 2048  # query rows per SDPA call in ttt_forward: bounds the [chunk, T + k*chunk] bool mask

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from zarr.codecs import BloscCodec
 
-from eyas.quant import check_storage
+from eyas.store.quant import check_storage
 
 TOKENS_FORMAT = "eyas.tokens/1"
 HIDDEN_FORMAT = "eyas.hidden/1"

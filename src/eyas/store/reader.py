@@ -12,9 +12,9 @@ import numpy as np
 import torch
 import zarr
 
-from eyas.chunk_rows import ChunkRows, direct_readable
-from eyas.quant import check_storage, fp8_dequantize
+from eyas.store.chunk_rows import ChunkRows, direct_readable
 from eyas.store.layout import HIDDEN_FORMAT, TOKENS_FORMAT, ProvenanceError, shard_name, uint16_to_bf16
+from eyas.store.quant import check_storage, fp8_dequantize
 
 
 @dataclass

@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from eyas.atomic import atomic_dir
-from eyas.quant import SCALE_RULE, check_storage
+from eyas.core.atomic import atomic_dir
 from eyas.store.layout import (
     CHUNK_TOKENS,
     CODEC_NAMES,
@@ -23,6 +22,7 @@ from eyas.store.layout import (
     hidden_codec,
     hidden_layout,
 )
+from eyas.store.quant import SCALE_RULE, check_storage
 
 
 def write_token_shard(

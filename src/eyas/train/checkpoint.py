@@ -24,8 +24,6 @@ import logging
 import os
 import random
 import shutil
-import signal
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from eyas.atomic import atomic_dir
+from eyas.core.atomic import atomic_dir
 from eyas.model.drafter import Eagle3Drafter
 from eyas.train import distributed
 
@@ -248,48 +246,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-# --------------------------------------------------------------------------- preemption
-class Preempted(RuntimeError):
-    """The run stopped on SIGTERM after saving a checkpoint; rerunning the job resumes from it."""
-
-
-class StopRequest:
-    """SIGTERM asks the run to stop: the handler only records it, and the train loop checkpoints after
-    the step in progress and raises `Preempted`. A cluster sends SIGTERM to preempt or end a job, and
-    SIGKILL a grace period later (SLURM: to every process of the job, KillWait seconds apart,
-    https://slurm.schedmd.com/slurm.conf.html#OPT_KillWait; `sbatch --signal=TERM@60` asks for it a
-    minute before the time limit, https://slurm.schedmd.com/sbatch.html#OPT_signal). Under torchrun
-    every rank records its own request (from the cluster, or forwarded by the torchrun agent); the
-    step's all-reduce sums the requests (`step.train_step`), so all ranks stop after the same step
-    even when only one was signalled. Outside the main thread no handler can be set: no-op there."""
-
-    SIGNALS = (signal.SIGTERM,)
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict = {}
-
-    def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._record)
-        return self
-
-    def _record(self, signum, frame) -> None:
-        self.signum = signum
-        log.warning("%s received: stopping after this step with a checkpoint",
-                    signal.Signals(signum).name)  # fmt: skip
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
 
 
 # --------------------------------------------------------------------------- run state

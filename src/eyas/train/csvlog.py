@@ -12,7 +12,7 @@ import csv
 import os
 from pathlib import Path
 
-from eyas.atomic import atomic_file
+from eyas.core.atomic import atomic_file
 
 EPOCH_COLUMNS = ("epoch", "step", "complete", "samples", "padded_microbatches", "simulated_tau")
 

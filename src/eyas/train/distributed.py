@@ -1,4 +1,5 @@
-"""Data parallelism: which micro-batches a rank reads, gradient and metric reductions, torchrun launch.
+"""Data parallelism: which micro-batches a rank reads, gradient and metric reductions (the torchrun
+launcher: launch.py).
 
 One optimizer step consumes a *group* of `world * accum` consecutive micro-batches of the epoch plan;
 rank r reads micro-batches `r*accum .. r*accum + accum - 1` of each group, so ranks read disjoint
@@ -13,10 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import subprocess
-import sys
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,61 +108,3 @@ def init_from_env(device_type: str) -> World:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend)
     return current_world()
-
-
-def torchrun_command(nproc: int, spec_path: str) -> list[str]:
-    """`torchrun --standalone` of the training CLI with `nproc` processes on this node."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "eyas.train.job",
-        spec_path,
-    ]
-
-
-# How long the torchrun agent lets its ranks finish after it is sent SIGTERM before it SIGKILLs them
-# (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, read by recent torch, 2.13 here; older ones keep 30 s): the ranks
-# save a checkpoint first, which can take longer at large sizes. The cluster's own SIGKILL (SLURM's
-# KillWait) still bounds it.
-SHUTDOWN_TIMEOUT_S = "600"
-
-
-def launch(nproc: int, spec_path: str, log_path: str | None = None) -> None:
-    """Run the training CLI under torchrun; raise naming the log if any rank fails. SIGTERM to this
-    process is passed on to torchrun, which passes it to the ranks: they stop after the same step with
-    a checkpoint (checkpoint.StopRequest), and this raises `Preempted`."""
-    from eyas.train.checkpoint import Preempted
-
-    env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": SHUTDOWN_TIMEOUT_S, **os.environ}
-    signalled: list[int] = []
-    out = open(log_path, "a") if log_path else None  # noqa: SIM115 - closed below
-    try:
-        proc = subprocess.Popen(
-            torchrun_command(nproc, spec_path), stdout=out, stderr=subprocess.STDOUT, env=env
-        )
-
-        def forward(signum, frame) -> None:
-            signalled.append(signum)
-            proc.send_signal(signum)
-
-        previous = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, forward)
-        try:
-            returncode = proc.wait()
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
-    finally:
-        if out:
-            out.close()
-    if returncode and signalled:
-        raise Preempted(
-            f"train: torchrun's {nproc} ranks stopped on SIGTERM (exit {returncode}); see {log_path}"
-        )
-    if returncode:
-        raise RuntimeError(f"torchrun with {nproc} processes failed (exit {returncode}); see {log_path}")

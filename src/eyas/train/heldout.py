@@ -16,8 +16,8 @@ import time
 
 import torch
 
+from eyas.model.target import load_embed_and_head
 from eyas.store import ProvenanceError
-from eyas.target import load_embed_and_head
 from eyas.train.loader import PairedLoader, pad_multiple_for
 from eyas.train.loss import simulated_tau, teacher_from_final, ttt_loss
 

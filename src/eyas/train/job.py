@@ -11,8 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eyas.atomic import atomic_file
 from eyas.config import TrainSettings
+from eyas.core.atomic import atomic_file
 
 
 def run(spec: dict) -> dict:
@@ -51,7 +51,7 @@ def train_inputs(
     """`trainer.train`'s keyword inputs from a run's paths: the token shards of `tokens_dir`, the
     provenance every store must carry (the model's own hash; tokenizer and template hashes of the
     first token shard) and, with `heldout` = (eval tokens dir, eval stores), the held-out pairs."""
-    from eyas.provenance import model_hash
+    from eyas.core.provenance import model_hash
     from eyas.store import read_token_shard, shard_paths
 
     token_shards = shard_paths(tokens_dir)
@@ -82,7 +82,7 @@ def train_job(settings: TrainSettings, inputs: dict, launch_log: str | None = No
 
     if settings.nproc <= 1:
         return run({"settings": dataclasses.asdict(settings), "inputs": inputs})
-    from eyas.train.distributed import launch
+    from eyas.train.launch import launch
 
     with tempfile.TemporaryDirectory(prefix="eyas-train-") as tmp:
         spec_path, stats_path = Path(tmp) / "spec.json", Path(tmp) / "stats.json"
@@ -98,7 +98,7 @@ EXIT_PREEMPTED = 128 + 15  # the shell's code for "ended by SIGTERM": stopped on
 def main(argv: list[str]) -> None:
     import logging
 
-    from eyas.train.checkpoint import Preempted
+    from eyas.train.preemption import Preempted
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from eyas.core.provenance import sha256_array
 from eyas.data.formats import conversation_id
-from eyas.provenance import sha256_array
 from eyas.store import HiddenStore, ProvenanceError, check_provenance, read_token_shard
 
 TOKEN_FIELDS = ("model_id", "tokenizer_hash", "chat_template_hash")  # provenance a token shard carries

@@ -18,8 +18,9 @@ from eyas.train.loss import step_counts, teacher_cache_fits, teacher_in_vocab
 from eyas.train.parallel import Replicated, padding_batch
 
 if TYPE_CHECKING:
-    from eyas.train.checkpoint import Checkpointer, RunState, StopRequest
+    from eyas.train.checkpoint import Checkpointer, RunState
     from eyas.train.csvlog import TrainLog
+    from eyas.train.preemption import StopRequest
 
 log = logging.getLogger("eyas.train")
 

@@ -6,7 +6,7 @@ data parallelism (`ddp` or `fsdp`: parallel.py), checkpoint choice by simulated 
 log.csv and epochs.csv), the `OptimizerStep` (step.py) and the `EpochEnd` (validation.py: coverage check
 and held-out metrics). Resume is exact: a run killed at any point and restarted writes the same log
 rows, bit for bit on CPU, as one that never stopped. SIGTERM (a cluster's preemption) stops the run
-after the step in progress with a checkpoint (`checkpoint.StopRequest`, `Preempted`); a NaN or infinite
+after the step in progress with a checkpoint (`preemption.StopRequest`, `Preempted`); a NaN or infinite
 loss stops it before that step's update (`step.OptimizerStep`, `step.NonFiniteLoss`).
 """
 
@@ -22,20 +22,21 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from eyas import target
+from eyas.core.provenance import DRAFTER_PROVENANCE, sha256_file
+from eyas.data.vocab import load_draft_vocab
+from eyas.model import target
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
-from eyas.provenance import DRAFTER_PROVENANCE, sha256_file
+from eyas.model.target import load_embed_and_head, load_target_tensor, read_config
 from eyas.store import STORE_IDENTITY, ProvenanceError, check_provenance
-from eyas.target import load_embed_and_head, load_target_tensor, read_config
 from eyas.train import distributed
-from eyas.train.checkpoint import Checkpointer, Preempted, RunState, StopRequest, fingerprint
+from eyas.train.checkpoint import Checkpointer, RunState, fingerprint
 from eyas.train.csvlog import TrainLog
 from eyas.train.loader import PairedLoader, pad_multiple_for
 from eyas.train.parallel import spread_over_ranks
+from eyas.train.preemption import Preempted, StopRequest
 from eyas.train.step import EpochPace, OptimizerStep, Teacher
 from eyas.train.validation import EpochEnd, HeldoutMetrics
 from eyas.validate import check_manifests
-from eyas.vocab import load_draft_vocab
 
 log = logging.getLogger("eyas.train")
 

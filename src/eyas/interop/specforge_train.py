@@ -38,14 +38,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from eyas.atomic import atomic_path
+from eyas.core.atomic import atomic_path
+from eyas.core.layer_ids import text_model_type
+from eyas.core.provenance import DRAFTER_PROVENANCE, sha256_file
+from eyas.data.vocab import load_draft_vocab
 from eyas.export import sglang_config
-from eyas.layer_ids import text_model_type
+from eyas.interop.specforge_export import MANIFEST
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
-from eyas.provenance import DRAFTER_PROVENANCE, sha256_file
-from eyas.specforge_export import MANIFEST
-from eyas.target import load_embed_and_head, read_config
-from eyas.vocab import load_draft_vocab
+from eyas.model.target import load_embed_and_head, read_config
 
 SPECFORGE_VERSION = "0.2.0"
 DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3"

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from eyas.layer_ids import validate_layer_ids
+from eyas.core.layer_ids import validate_layer_ids
 
 
 def base_decoder(model: torch.nn.Module) -> torch.nn.Module:

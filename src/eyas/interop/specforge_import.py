@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eyas.atomic import atomic_file
-from eyas.layer_ids import LAYER_ID_CONVENTION, resolve_aux_layer_ids, text_config
-from eyas.provenance import (
+from eyas.core.atomic import atomic_file
+from eyas.core.layer_ids import LAYER_ID_CONVENTION, resolve_aux_layer_ids, text_config
+from eyas.core.provenance import (
     EYAS_VERSION,
     FINAL_NORM,
     chat_template_hash,
@@ -33,8 +33,8 @@ from eyas.provenance import (
     sha256_array,
     tokenizer_hash,
 )
+from eyas.model.target import load_tokenizer, read_config
 from eyas.store import CHUNK_TOKENS, hidden_store_writer, shard_name, write_token_shard
-from eyas.target import load_tokenizer, read_config
 
 FILE_PATTERN = re.compile(r"data_(\d+)\.ckpt$")
 KEYS = ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state")

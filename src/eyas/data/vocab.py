@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from eyas.atomic import atomic_path
+from eyas.core.atomic import atomic_path
 from eyas.store import read_token_shard
 
 VOCAB_FORMAT = "eyas.draft_vocab/1"

@@ -6,7 +6,7 @@ The format is what SpecForge 0.2.0 (PyPI `specforge==0.2.0`) reads and what its
 (`specforge/runtime/data_plane/offline_reader.py`, `list_feature_files`), each a dict of
   `input_ids` [T] int64, `loss_mask` [T] int64, `hidden_state` [1, T, H] bf16 (the target's post-norm
   last hidden state), `aux_hidden_state` [1, T, K*H] bf16 (the K aux taps concatenated in layer order).
-eyas's `import-specforge` reads the same files back (`eyas.specforge_import`).
+eyas's `import-specforge` reads the same files back (`eyas.interop.specforge_import`).
 
 Alignment. Every tensor is stored unshifted, row t belonging to token x_t, as SpecForge stores them: its
 trainer shifts by itself. `specforge/algorithms/eagle3/data.py` (`normalize_offline_sample`) truncates
@@ -25,7 +25,7 @@ to predict x_{t+2+k}, exactly as eyas (docs/design.md, drafter data alignment), 
 
 fp8_e4m3 stores are decoded by the store reader (`HiddenStore.sample_into` into bf16 buffers: the
 dequantized float32 values rounded to bf16); bf16 stores are copied bit for bit. The whole output
-directory is written under a temporary sibling and renamed into place (`eyas.atomic.atomic_dir`), with
+directory is written under a temporary sibling and renamed into place (`eyas.core.atomic.atomic_dir`), with
 `eyas-export.json` (count, tokens, sources, provenance, dtype) beside the samples; SpecForge lists only
 `.ckpt` files, so the manifest is not taken for a sample.
 """
@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eyas.atomic import atomic_dir
-from eyas.provenance import EYAS_VERSION
+from eyas.core.atomic import atomic_dir
+from eyas.core.provenance import EYAS_VERSION
 from eyas.store import STORE_IDENTITY, HiddenStore, ProvenanceError, read_token_shard, shard_paths
 from eyas.train.loader import check_pair
 

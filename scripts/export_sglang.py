@@ -2,10 +2,10 @@
 
 import json
 
+from eyas.core.layer_ids import text_model_type
+from eyas.core.logs import setup_stage_logging
 from eyas.export import export_sglang
-from eyas.layer_ids import text_model_type
-from eyas.logs import setup_stage_logging
-from eyas.target import read_config
+from eyas.model.target import read_config
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "export")

@@ -26,7 +26,7 @@ import os
 import torch
 from tqdm import tqdm
 
-from eyas.atomic import atomic_file
+from eyas.core.atomic import atomic_file
 from eyas.data.formats import sample_id
 from eyas.data.tokenize import SampleRejected, read_prepared, render_prompt
 
@@ -229,7 +229,7 @@ def run_regenerate(
     `engine_settings` (extract.sglang) configures an SGLang engine. Both outputs are written
     atomically, the conversations once every response is in; an SGLang engine that dies first raises
     `EngineDied` and neither output is written. Returns the counts."""
-    from eyas.target import load_target, load_tokenizer, resolve_device
+    from eyas.model.target import load_target, load_tokenizer, resolve_device
 
     tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
     run = dict(
@@ -241,7 +241,7 @@ def run_regenerate(
     )
     sampling = dict(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
     if settings.backend == "sglang":
-        from eyas.sglang_engine import (
+        from eyas.engine.sglang import (
             base_engine_args,
             generation_engine_args,
             start_engine,

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--vocab", required=True, help="eyas's draft vocab (draft_vocab.safetensors)")
     prep.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
-        help="a SpecForge setting (eyas.specforge_train.DEFAULT_SETTINGS), JSON or YAML; repeatable",
+        help="a SpecForge setting (eyas.interop.specforge_train.DEFAULT_SETTINGS), JSON or YAML; repeatable",
     )  # fmt: skip
     drafter = commands.add_parser(
         "import-specforge-drafter",
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "specforge-prepare":
         import yaml
 
-        from eyas.specforge_train import prepare_specforge_run
+        from eyas.interop.specforge_train import prepare_specforge_run
 
         settings = {}
         for item in args.set:
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         return 0
     if args.command == "import-specforge-drafter":
-        from eyas.specforge_train import import_specforge_drafter
+        from eyas.interop.specforge_train import import_specforge_drafter
 
         json.dump(
             import_specforge_drafter(args.checkpoint, args.out, args.model, args.vocab, args.dump),
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         return 0
     if args.command == "export-specforge":
-        from eyas.specforge_export import export_specforge
+        from eyas.interop.specforge_export import export_specforge
 
         manifest = export_specforge(
             args.stores, args.out, split=args.split, file_group_size=args.file_group_size,
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         return 0
 
-    from eyas.specforge_import import import_specforge
+    from eyas.interop.specforge_import import import_specforge
 
     layer_ids = [int(v) for v in args.layer_ids.split(",")] if args.layer_ids else None
     stats = import_specforge(

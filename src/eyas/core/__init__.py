@@ -1,0 +1,3 @@
+"""Foundations every stage stands on, with no stage knowledge: atomic outputs (`atomic`), stage
+logging (`logs`), GPU slots (`gpus`), provenance hashes (`provenance`), aux-layer ids (`layer_ids`),
+model-dir checks (`model_dir`) and the evaluation arithmetic (`acceptance`)."""

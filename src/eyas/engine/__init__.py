@@ -1,0 +1,1 @@
+"""The SGLang engines eyas starts (`sglang`): for extraction, generation and served evaluation."""
