@@ -1,9 +1,9 @@
 """SGLang engines for eyas's three uses: hidden-state extraction, regeneration and served evaluation.
 
-This module and `extract/sglang_backend.py` (the capture hook) are the only ones that import sglang,
-always lazily: the argument builders are pure and run anywhere. One function builds the arguments
-every engine shares (`base_engine_args`: the target, TP, memory, attention backend, the user's
-`extract.sglang.engine_args`); each use adds its own:
+This module, `extract/sglang_backend.py` (the capture hook) and `evaluate/stage_served.py` (the
+version it records) import sglang, always lazily: the argument builders are pure and run anywhere.
+One function builds the arguments every engine shares (`base_engine_args`: the target, TP, memory,
+attention backend, the user's `extract.sglang.engine_args`); each use adds its own:
 
 - served evaluation: EAGLE-3 chain drafting of k tokens, i.e. `speculative_num_steps=k,
   speculative_eagle_topk=1, speculative_num_draft_tokens=k+1` (SGLang's own benchmark settings,

@@ -1,9 +1,10 @@
 """Extract stage, SGLang backend: a stock SGLang engine with aux capture on, rows taken in-process.
 
-The only module that imports sglang (lazily: its pure parts run anywhere). Nothing in SGLang's files
-is edited. The engine's scheduler process is started through `Engine.run_scheduler_process_func` on
-a subclass; there, before the scheduler is built, `install_capture` wraps `ModelRunner.forward`
-(an AFTER hook) and, on releases without a capture-only mode, turns aux capture on.
+It imports sglang lazily (its pure parts run anywhere), as do `eyas.engine.sglang` and
+`eyas.evaluate.stage_served`. Nothing in SGLang's files is edited. The engine's scheduler process is
+started through `Engine.run_scheduler_process_func` on a subclass; there, before the scheduler is
+built, `install_capture` wraps `ModelRunner.forward` (an AFTER hook) and, on releases without a
+capture-only mode, turns aux capture on.
 
 Why a hook and not the public `return_hidden_states` (read in the sglang 0.5.23 sources): that path ships
 Python float lists through ZMQ, drops the middle chunks of chunked prefill and never returns the final
