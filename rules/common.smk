@@ -33,6 +33,7 @@ STAGE_VERSION = {
     "evaluate": 3,
     "export": 2,
     "validate": 1,
+    "regenerate": 2,
 }
 
 

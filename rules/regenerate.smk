@@ -24,6 +24,6 @@ rule regenerate:
         engine_settings=dataclasses.asdict(EYAS.extract.sglang),
         max_length=EYAS.tokenize.max_length,
         trust_remote_code=EYAS.model.trust_remote_code,
-        version=2,
+        version=STAGE_VERSION["regenerate"],
     script:
         "../scripts/regenerate.py"
