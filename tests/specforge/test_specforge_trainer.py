@@ -12,7 +12,7 @@ What this checks:
   (specforge/modeling/draft/flex_attention.py `generate_eagle3_mask`, seq_lengths - lck), positions
   whose target x_{t+2+k} lies past the sample, which carry no loss in either trainer.
 - The whole bench path: `export-specforge` (loss mask eyas-targets), `specforge-prepare`,
-  bench/specforge_run.py (SpecForge's `specforge train`, one epoch; CPU-only changes: DDP for FSDP,
+  bench/gpu/specforge_run.py (SpecForge's `specforge train`, one epoch; CPU-only changes: DDP for FSDP,
   sdpa, the plain-torch loss), `import-specforge-drafter`. Every token and exactly eyas's loss
   positions reach SpecForge's steps, and the drafter it trained loads in eyas with the stores' provenance.
 """
@@ -44,7 +44,7 @@ from eyas.model.drafter import Eagle3Drafter  # noqa: E402
 from eyas.model.target import load_embed_and_head  # noqa: E402
 from eyas.store import HiddenStore, read_token_shard  # noqa: E402
 
-BENCH_RUN = Path(__file__).resolve().parents[2] / "bench" / "specforge_run.py"
+BENCH_RUN = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "specforge_run.py"
 CPU = {"fsdp_sharding": "NO_SHARD", "attention_backend": "sdpa", "dataloader_num_workers": 0}
 
 

@@ -18,7 +18,7 @@ counts only where the target's greedy token is in the draft vocab, correct = dra
 teacher's argmax over the draft vocab), and `serving`, what verification accepts (every position counts,
 correct = the drafter's target id equals the target's greedy token over the full vocab).
 
-  .venv/bin/python bench/sim_vs_real.py --results RESULTS_DIR --out bench/results/sim-vs-real-cpu.json
+  .venv/bin/python bench/studies/sim_vs_real.py --results RESULTS_DIR --out bench/results/sim-vs-real-cpu.json
 """
 
 from __future__ import annotations
