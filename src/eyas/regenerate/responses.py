@@ -26,6 +26,7 @@ import os
 import torch
 from tqdm import tqdm
 
+from eyas.config import RegenerateSettings, SglangSettings
 from eyas.core.atomic import atomic_file
 from eyas.data.formats import sample_id
 from eyas.data.tokenize import SampleRejected, read_prepared, render_prompt
@@ -220,13 +221,13 @@ def run_regenerate(
     out_stats: str | os.PathLike,
     model_dir: str | os.PathLike,
     *,
-    settings,
-    engine_settings,
+    settings: RegenerateSettings,
+    engine_settings: SglangSettings,
     max_length: int,
     trust_remote_code: bool = False,
 ) -> dict:
     """The regenerate stage (rule regenerate): `settings` (RegenerateSettings) picks the backend,
-    `engine_settings` (extract.sglang) configures an SGLang engine. Both outputs are written
+    `engine_settings` (the `sglang` section) configures an SGLang engine. Both outputs are written
     atomically, the conversations once every response is in; an SGLang engine that dies first raises
     `EngineDied` and neither output is written. Returns the counts."""
     from eyas.model.target import load_target, load_tokenizer, resolve_device
