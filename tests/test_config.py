@@ -390,3 +390,18 @@ def test_union_typed_keys_name_the_field_that_is_wrong(key, hint, wrong):
         cfg.load_config(_with(path, [wrong] if index else wrong))
     message = str(refused.value)
     assert message.startswith(f"{key}") or message.startswith(f"unknown config key {key}."), message
+
+
+@dataclasses.dataclass
+class UnionProbe:
+    b: int | typing.Literal["auto"] | None = None
+
+
+def test_a_union_of_several_scalar_options_names_them_all():
+    """A union with two options of one shape (none in the schema today, e.g. `int | "auto"`): a value
+    both refuse is refused naming the key and every option; a value either takes is kept."""
+    from eyas.core.schema import build
+
+    assert [build(UnionProbe, {"b": v}, "a").b for v in (3, "auto", None)] == [3, "auto", None]
+    with pytest.raises(cfg.ConfigError, match="^a.b: expected an integer or one of auto or null, got 'x'$"):
+        build(UnionProbe, {"b": "x"}, "a")

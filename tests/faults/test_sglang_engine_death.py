@@ -255,7 +255,7 @@ def _assert_died_clearly(run: dict, stage: str, what: str, log: Path) -> None:
     assert run["code"] == 1, run["stderr"][-3000:]
     pattern = DIED.format(stage=re.escape(stage), what=what.format(pid=run["killed"]))
     last = run["stderr"].strip().splitlines()[-1]
-    assert re.fullmatch(r"eyas\.sglang_engine\.EngineDied: " + pattern + r".*", last), last
+    assert re.fullmatch(r"eyas\.engine\.sglang\.EngineDied: " + pattern + r".*", last), last
     assert re.search(pattern, log.read_text())
 
 

@@ -72,17 +72,20 @@ def _check_union(value: Any, hint: Any, key: str) -> Any:
         raise ConfigError(f"{key}: null is not allowed")
     options = [o for o in options if o is not type(None)]
     shaped = [o for o in options if _option_shape(o) == _shape_of(value)]
-    if not shaped:
-        nullable = " or null" if type(None) in get_args(hint) else ""
-        accepted = " or ".join(_describe(o) for o in options)
-        raise ConfigError(f"{key}: expected {accepted}{nullable}, got {value!r}")
-    try:
-        return _check(value, shaped[0], key)  # the schema's unions have one option of each shape
-    except ConfigError as err:
-        others = [_describe(o) for o in options if o is not shaped[0]]
-        if str(err).startswith(f"{key}:") and others:  # wrong here, not in a field further down
-            raise ConfigError(f"{err} (or {' or '.join(others)})") from None
-        raise
+    nullable = " or null" if type(None) in get_args(hint) else ""
+    expected = f"{key}: expected {' or '.join(_describe(o) for o in options)}{nullable}, got {value!r}"
+    errors = []
+    for option in shaped:
+        try:
+            return _check(value, option, key)
+        except ConfigError as err:
+            errors.append(err)
+    if len(shaped) != 1:  # no option of the value's shape, or several that all refused it
+        raise ConfigError(expected)
+    others = [_describe(o) for o in options if o is not shaped[0]]
+    if str(errors[0]).startswith(f"{key}:") and others:  # wrong here, not in a field further down
+        raise ConfigError(f"{errors[0]} (or {' or '.join(others)})") from None
+    raise errors[0]
 
 
 def _check(value: Any, hint: Any, key: str) -> Any:
@@ -166,14 +169,14 @@ def _interval(ge: Bound, gt: Bound, lt: Bound, le: Bound) -> str:
 
 
 def _check_bounds(cls: type, values: dict, key: str) -> None:
-    """The bounds `bounded` put on fields, for the values given (on each item of a list; null passes:
-    a nullable field documents what null means)."""
+    """The bounds `bounded` put on fields, for the numbers given (on each item of a list; null, and a
+    choice such as `auto` beside the number, pass: the field's docstring says what they mean)."""
     for f in dataclasses.fields(cls):
         ge, gt, lt, le, off = field_bounds(f)
         value, name = values.get(f.name), f"{key}.{f.name}" if key else f.name
         items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
         for i, item in items:
-            if item is None or item == off:
+            if isinstance(item, bool) or not isinstance(item, int | float) or item == off:
                 continue
             where = name if i is None else f"{name}[{i}]"
             allowed = _interval(ge, gt, lt, le) + (f", or {off}" if off is not None else "")
