@@ -115,7 +115,7 @@ class SglangSettings:
 class ExtractSettings:
     backend: Literal["hf", "sglang"] = "hf"
     """Capture backend: `hf` (Hugging Face transformers; also the CPU path) or `sglang` (a stock
-    SGLang engine with a capture hook, on GPUs; the engine settings are the `sglang` section,
+    SGLang engine, hooked from outside, on GPUs; the engine settings are the `sglang` section,
     docs/sglang.md)."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """`auto` = cuda when available; set `cuda` to request a GPU (resources gpu=1) from the scheduler."""
