@@ -97,14 +97,14 @@ def use_gpu(device):
 def extract_gpus():
     """GPUs per extraction job: the SGLang engine's tensor-parallel size, else one on CUDA."""
     if EYAS.extract.backend == "sglang":
-        return EYAS.extract.sglang.tp_size
+        return EYAS.sglang.tp_size
     return use_gpu(EYAS.extract.device)
 
 
 def regenerate_gpus():
     """GPUs of a regenerate job: the SGLang engine's tensor-parallel size, else one on CUDA."""
     if EYAS.regenerate.backend == "sglang":
-        return EYAS.extract.sglang.tp_size
+        return EYAS.sglang.tp_size
     return use_gpu(EYAS.regenerate.device)
 
 

@@ -52,12 +52,12 @@ rule served:
     # drafter at each k in turn (SmolLM2 on an H200: each engine starts in ~55 s; bench/README.md).
     threads: 2
     resources:
-        gpu=EYAS.extract.sglang.tp_size,
+        gpu=EYAS.sglang.tp_size,
         mem_mb=16000,  # the job process: tokenizer, drafters for the exports; the engine lives on the GPUs
         runtime=120,
     params:
         settings=dataclasses.asdict(EYAS.evaluate),
-        engine_settings=dataclasses.asdict(EYAS.extract.sglang),
+        engine_settings=dataclasses.asdict(EYAS.sglang),
         set_names=EYAS.evaluate.set_names,
         set_formats=eval_set_formats(),
         baseline_names=[b.name for b in EYAS.evaluate.baselines],

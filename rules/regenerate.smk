@@ -21,7 +21,7 @@ rule regenerate:
         runtime=240,
     params:
         settings=dataclasses.asdict(EYAS.regenerate),
-        engine_settings=dataclasses.asdict(EYAS.extract.sglang),
+        engine_settings=dataclasses.asdict(EYAS.sglang),
         max_length=EYAS.tokenize.max_length,
         trust_remote_code=EYAS.model.trust_remote_code,
         version=STAGE_VERSION["regenerate"],

@@ -193,7 +193,7 @@ def serve(plan: dict, config, results: dict, model_dir: str, workdir: Path) -> d
         model_dir=model_dir,
         out_json=str(workdir / "served.json"),
         settings=settings,
-        engine_settings=config.extract.sglang,
+        engine_settings=config.sglang,
         baselines=[{"name": n, "path": results[n]["drafter"]} for n in names[1:]],
     )
 

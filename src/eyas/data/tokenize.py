@@ -31,6 +31,7 @@ import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
 import jinja2.meta
@@ -42,6 +43,9 @@ from eyas.data.formats import ROLES
 from eyas.data.prepare import dumps_line, truncate_record
 from eyas.model.target import load_tokenizer
 from eyas.store import write_token_shard
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 TOOLS_SYSTEM_PREFIX = "You have access to the following functions (JSON schemas):\n"
 
@@ -73,12 +77,14 @@ def _template_reads_tools(template: str) -> bool:
     return "tools" in jinja2.meta.find_undeclared_variables(ast)
 
 
-def _special_texts(tokenizer) -> tuple[str, ...]:
+def _special_texts(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
     specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
     return tuple(sorted(specials | set(tokenizer.all_special_tokens)))
 
 
-def _check_no_special_tokens(tokenizer, messages: list[dict], tools: str | None) -> None:
+def _check_no_special_tokens(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: str | None
+) -> None:
     texts = [(f"turn {i} ({m['role']})", m["content"]) for i, m in enumerate(messages)]
     texts += [("tools", tools)] if tools else []
     for special in _special_texts(tokenizer):
@@ -87,7 +93,9 @@ def _check_no_special_tokens(tokenizer, messages: list[dict], tools: str | None)
                 raise SampleRejected("special_token_in_content", f"{where} contains {special!r}")
 
 
-def _apply_tools(tokenizer, messages: list[dict], tools: str | None) -> tuple[list[dict], list | None]:
+def _apply_tools(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: str | None
+) -> tuple[list[dict], list | None]:
     """(messages, `tools=` argument): schemas go to the template if it reads them, else into system."""
     if not tools:
         return messages, None
@@ -100,7 +108,9 @@ def _apply_tools(tokenizer, messages: list[dict], tools: str | None) -> tuple[li
     return [{"role": "system", "content": block}, *messages], None
 
 
-def _render(tokenizer, messages: list[dict], tools: list | None, generation_prompt: bool) -> list[int]:
+def _render(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list | None, generation_prompt: bool
+) -> list[int]:
     try:
         text = tokenizer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
@@ -111,7 +121,11 @@ def _render(tokenizer, messages: list[dict], tools: list | None, generation_prom
 
 
 def build_sample(
-    tokenizer, messages: list[dict], tools: str | None, *, max_length: int | None = None
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict],
+    tools: str | None,
+    *,
+    max_length: int | None = None,
 ) -> tuple[list[int], list[int]]:
     """(input_ids, loss_mask) of one conversation; raises `SampleRejected`.
 
@@ -148,7 +162,7 @@ def build_sample(
     return ids, mask
 
 
-def render_prompt(tokenizer, messages: list[dict], tools: str | None) -> list[int]:
+def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: str | None) -> list[int]:
     """Tokens of the conversation before its last assistant turn, plus the generation prompt."""
     _check_no_special_tokens(tokenizer, messages, tools)
     messages, tool_arg = _apply_tools(tokenizer, messages, tools)

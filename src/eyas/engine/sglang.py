@@ -4,7 +4,7 @@ This module and `extract/sglang_backend.py` (the capture hook inside the schedul
 ones that import sglang, always lazily: the argument builders are pure and run anywhere. Nothing in
 SGLang's files is edited: eyas starts stock engines and hooks them from outside. One function builds the
 arguments every engine shares (`base_engine_args`: the target, TP, memory, attention backend, the user's
-`extract.sglang.engine_args`); each use adds its own:
+`engine_args`, all from the config's one `sglang` section); each use adds its own:
 
 - served evaluation: EAGLE-3 chain drafting of k tokens, i.e. `speculative_num_steps=k,
   speculative_eagle_topk=1, speculative_num_draft_tokens=k+1` (SGLang's own benchmark settings,
@@ -39,6 +39,8 @@ import json
 import logging
 import os
 from pathlib import Path
+
+from eyas.config import SglangSettings
 
 log = logging.getLogger("eyas.sglang")
 
@@ -100,10 +102,10 @@ def check_tested(version: str, stage: str) -> tuple[int, int, int]:
 
 
 def user_engine_args(extra: dict, known: set[str] | None, owned: frozenset[str] = BASE_OWNED_ARGS) -> dict:
-    """`extract.sglang.engine_args`, refused if a key is one eyas sets itself (`owned`) or (given
-    `known`, the installed ServerArgs fields) not an SGLang arg at all."""
+    """`sglang.engine_args`, refused if a key is one eyas sets itself (`owned`) or (given `known`, the
+    installed ServerArgs fields) not an SGLang arg at all."""
     for key in extra:
-        where = f"extract.sglang.engine_args.{key}"
+        where = f"sglang.engine_args.{key}"
         if key in owned:
             raise ValueError(f"{where}: set by eyas (it depends on it or it has its own key)")
         if known is not None and key not in known:
@@ -111,8 +113,10 @@ def user_engine_args(extra: dict, known: set[str] | None, owned: frozenset[str] 
     return dict(extra)
 
 
-def base_engine_args(settings, model_dir: str | os.PathLike, dtype: str, trust_remote_code: bool) -> dict:
-    """What every eyas engine of the target shares; `settings` is `extract.sglang` (SglangSettings)."""
+def base_engine_args(
+    settings: SglangSettings, model_dir: str | os.PathLike, dtype: str, trust_remote_code: bool
+) -> dict:
+    """What every eyas engine of the target shares, from the config's `sglang` section."""
     args = {
         "model_path": os.fspath(model_dir),
         "tp_size": settings.tp_size,
@@ -130,7 +134,7 @@ def base_engine_args(settings, model_dir: str | os.PathLike, dtype: str, trust_r
 
 
 def spec_engine_args(
-    base: dict, draft_dir: str | os.PathLike, ks: list[int], concurrency: int, workdir
+    base: dict, draft_dir: str | os.PathLike, ks: list[int], concurrency: int, workdir: str | os.PathLike
 ) -> dict:
     """EAGLE-3 chain drafting (top-k 1, k + 1 tokens a verify pass) at every k of `ks` in one engine,
     starting at the longest; at most `concurrency` requests at once. Writes the step-pinning policy

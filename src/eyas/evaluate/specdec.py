@@ -24,6 +24,7 @@ import inspect
 import os
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -33,6 +34,11 @@ from eyas.evaluate.sampling import draft_distribution, pick, probs, rejection_ve
 from eyas.model.capture import TapCapture
 from eyas.model.drafter import DrafterCache
 from eyas.model.target import load_target
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from eyas.model.drafter import Eagle3Drafter
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -109,7 +115,7 @@ class SpecStats:
 
 
 # --------------------------------------------------------------------------- target plumbing
-def capture_taps(target, layer_ids: list[int]) -> TapCapture:
+def capture_taps(target: PreTrainedModel, layer_ids: list[int]) -> TapCapture:
     """Hooks on the target's tapped layers; `take_concat()` gives the last forward's [1, T, K*H]."""
     return TapCapture(target, layer_ids)
 
@@ -117,7 +123,7 @@ def capture_taps(target, layer_ids: list[int]) -> TapCapture:
 _CACHE_KWARG: dict[type, str] = {}
 
 
-def _cache_kwarg(target) -> str:
+def _cache_kwarg(target: PreTrainedModel) -> str:
     # Recent transformers 5.x call it `cache` (deprecating `past_key_values`); earlier 5.x know the latter.
     kind = type(target)
     if kind not in _CACHE_KWARG:
@@ -126,7 +132,7 @@ def _cache_kwarg(target) -> str:
     return _CACHE_KWARG[kind]
 
 
-def _new_target_cache(target):
+def _new_target_cache(target: PreTrainedModel):
     from transformers import DynamicCache
 
     return DynamicCache(config=target.config)
@@ -138,7 +144,7 @@ def _crop_target_cache(cache, length: int) -> None:
         cache.crop(-extra)  # a negative argument removes that many tokens in every transformers 5.x
 
 
-def _target_forward(target, cache, ids: list[int], last_only: bool = False) -> Tensor:
+def _target_forward(target: PreTrainedModel, cache, ids: list[int], last_only: bool = False) -> Tensor:
     """Run `ids` after the cached prefix; returns logits [T, V] (or [1, V] with last_only)."""
     device = next(target.parameters()).device
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T]
@@ -154,7 +160,9 @@ def _target_forward(target, cache, ids: list[int], last_only: bool = False) -> T
     return out.logits[0]
 
 
-def _check_lengths(target, prompt_ids: list[int], max_new_tokens: int, margin: int = 0) -> None:
+def _check_lengths(
+    target: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int, margin: int = 0
+) -> None:
     if not prompt_ids:
         raise ValueError("prompt_ids is empty: speculative decoding needs at least one prompt token")
     if max_new_tokens < 0:
@@ -170,7 +178,7 @@ def _check_lengths(target, prompt_ids: list[int], max_new_tokens: int, margin: i
 # --------------------------------------------------------------------------- decoding
 @torch.inference_mode()
 def plain_generate(
-    target,
+    target: PreTrainedModel,
     prompt_ids: list[int],
     max_new_tokens: int,
     eos_token_ids: set[int],
@@ -197,7 +205,7 @@ def plain_generate(
 
 
 def _draft_chain(
-    drafter, logits: Tensor, hidden_out: Tensor, position: int, k: int, cache, sampler=None
+    drafter: Eagle3Drafter, logits: Tensor, hidden_out: Tensor, position: int, k: int, cache, sampler=None
 ) -> tuple[list[int], list[Tensor]]:
     """k drafts: d_1 from the extend's last `logits` [D]; each further step feeds back `hidden_out`
     [1, 1, H] of the previous step and that step's draft id, one RoPE position further on.
@@ -225,8 +233,8 @@ def _draft_chain(
 
 @torch.inference_mode()
 def speculative_generate(
-    target,
-    drafter,
+    target: PreTrainedModel,
+    drafter: Eagle3Drafter,
     prompt_ids: list[int],
     max_new_tokens: int,
     num_draft_tokens: int,
@@ -336,7 +344,7 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
 
 def evaluate_specdec(
     model_dir: str | os.PathLike,
-    drafter,
+    drafter: Eagle3Drafter,
     prompts: list[list[int]],
     *,
     max_new_tokens: int,
@@ -349,7 +357,7 @@ def evaluate_specdec(
     temperature: float = 0.0,
     seed: int = 0,
     greedy_cache: dict | None = None,
-    target=None,
+    target: PreTrainedModel | None = None,
 ) -> dict:
     """Speculative vs plain decoding over `prompts`: tau, acceptance by draft position, speed.
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eyas.config import EvaluateSettings
+from eyas.config import EvaluateSettings, SglangSettings
 from eyas.core.acceptance import max_prompt_tokens
 from eyas.evaluate.drafters import export_for_serving, load_drafters
 from eyas.evaluate.served import SERVED_FORMAT
@@ -23,8 +23,8 @@ def run_served(
     export_dir: str,
     model_dir: str,
     out_json: str,
-    settings,
-    engine_settings,
+    settings: EvaluateSettings,
+    engine_settings: SglangSettings,
     baselines: list[dict] | None = None,
     trust_remote_code: bool = False,
     record: dict | None = None,

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eyas.config import SglangSettings, stage_settings
+from eyas.config import SglangSettings
 from eyas.core.atomic import atomic_file
 from eyas.core.layer_ids import sglang_layer_ids, text_model_type
 from eyas.engine.sglang import base_engine_args, check_tested, server_arg_names, user_engine_args
@@ -313,7 +313,7 @@ def scheduler_process(spec: CaptureSpec, *args, **kwargs):
 
 
 # --------------------------------------------------------------------------- the stage (job process)
-# Engine args the capture depends on, or that have keys of their own in `extract.sglang`.
+# Engine args the capture depends on, or that have keys of their own in the `sglang` section.
 OWNED_ARGS = frozenset(
     {
         "model_path",
@@ -336,16 +336,15 @@ OWNED_ARGS = frozenset(
 def engine_args(
     route: str,
     sglang_ids: list[int],
-    settings: dict,
+    settings: SglangSettings,
     model_dir: str,
     dtype: str,
     trust: bool,
     known: set[str] | None = None,
 ) -> dict:
-    """The capture engine's args: every engine's (`sglang_engine.base_engine_args`, from the
-    `extract.sglang` section as plain values) plus what capture needs."""
-    typed = stage_settings(SglangSettings, settings)
-    args = base_engine_args(typed, model_dir, dtype, trust) | {
+    """The capture engine's args: every engine's (`eyas.engine.sglang.base_engine_args`, from the
+    `sglang` section) plus what capture needs."""
+    args = base_engine_args(settings, model_dir, dtype, trust) | {
         "disable_radix_cache": True,  # a cached prefix is never computed, so never captured
         "disable_cuda_graph": True,  # decode graphs: nothing is decoded, so not worth their start-up
         "sampling_backend": "pytorch",  # nothing is sampled either: no sampler kernels to build
@@ -358,7 +357,7 @@ def engine_args(
         }
     else:
         args |= {"enable_return_hidden_states": True}  # FULL capture mode on every extend batch
-    return args | user_engine_args(typed.engine_args, known, OWNED_ARGS)
+    return args | user_engine_args(settings.engine_args, known, OWNED_ARGS)
 
 
 def capture_engine_class(spec: CaptureSpec):
@@ -377,7 +376,7 @@ def extract_shard_sglang(
     *,
     layer_ids: list[int],
     model_id: str,
-    settings: dict,
+    settings: SglangSettings,
     dtype: str = "auto",
     trust_remote_code: bool = False,
     storage: str = "bf16",
@@ -409,8 +408,8 @@ def extract_shard_sglang(
         "sglang_layer_ids": sglang_ids,
         "sglang_model_type": model_type,
         "capture_route": route,
-        "tp_size": settings["tp_size"],
-        "chunked_prefill_size": settings["chunked_prefill_size"],
+        "tp_size": settings.tp_size,
+        "chunked_prefill_size": settings.chunked_prefill_size,
     }
     stats_path = f"{os.fspath(out_store).rstrip('/')}.stats.json"
     with contextlib.suppress(FileNotFoundError):
@@ -461,7 +460,7 @@ def extract_shard_sglang(
             rid=[f"warmup-{spec.rid_prefix}{i}" for i in warm],
         )
         load_seconds = time.perf_counter() - start
-        step = settings["requests_per_call"]
+        step = settings.requests_per_call
         for lo in range(0, len(todo), step):
             group = todo[lo : lo + step]
             engine.generate(

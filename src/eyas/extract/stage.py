@@ -1,13 +1,12 @@
 """The extract rule's entry: one token shard through the target into its hidden store, on the backend
 `extract.backend` names (`hf_backend`: transformers, also on CPUs; `sglang_backend`: a stock SGLang
-engine with aux capture, GPUs)."""
+engine with aux capture, GPUs, configured by the `sglang` section)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
-from eyas.config import ExtractSettings
+from eyas.config import ExtractSettings, SglangSettings
 from eyas.core.layer_ids import resolve_aux_layer_ids
 from eyas.model.target import read_config, resolve_device
 
@@ -18,13 +17,15 @@ def run_extract(
     model_dir: str | os.PathLike,
     settings: ExtractSettings,
     *,
+    engine_settings: SglangSettings,
     aux_layer_ids: list[int] | None,
     model_id: str,
     trust_remote_code: bool,
     threads: int,
 ) -> dict:
     """Write the hidden store of `shard` at `out_store` (atomically); returns the backend's run stats.
-    `aux_layer_ids`: `model.aux_layer_ids` (None: the default taps of the target's layer count)."""
+    `engine_settings`: the `sglang` section (used by `backend: sglang`); `aux_layer_ids`:
+    `model.aux_layer_ids` (None: the default taps of the target's layer count)."""
     common = dict(
         layer_ids=resolve_aux_layer_ids(read_config(model_dir), aux_layer_ids),
         dtype=settings.dtype,
@@ -39,7 +40,7 @@ def run_extract(
         from eyas.extract.sglang_backend import extract_shard_sglang
 
         return extract_shard_sglang(
-            str(shard), str(out_store), str(model_dir), settings=dataclasses.asdict(settings.sglang), **common
+            str(shard), str(out_store), str(model_dir), settings=engine_settings, **common
         )
     from eyas.extract.hf_backend import extract_shard
 

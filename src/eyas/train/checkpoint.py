@@ -26,14 +26,19 @@ import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
+from eyas.config import TrainSettings
 from eyas.core.atomic import atomic_dir
 from eyas.model.drafter import Eagle3Drafter
 from eyas.train import distributed
+
+if TYPE_CHECKING:
+    from eyas.train.parallel import Replicated
 
 log = logging.getLogger("eyas.train")
 
@@ -46,7 +51,7 @@ def checkpoint_dir(out_dir: str | os.PathLike) -> Path:
     return out.with_name(out.name + "-checkpoint")
 
 
-def fingerprint(settings, inputs: dict) -> str:
+def fingerprint(settings: TrainSettings, inputs: dict) -> str:
     """sha256 of the settings that change the result and the identities of the inputs."""
     relevant = {k: v for k, v in dataclasses.asdict(settings).items() if k not in NOT_FINGERPRINTED}
     return hashlib.sha256(json.dumps([relevant, inputs], sort_keys=True).encode()).hexdigest()
@@ -323,7 +328,14 @@ class Checkpointer:
         """The checkpoint's weights into the whole model (before it is spread over the ranks)."""
         model.load_state_dict(Eagle3Drafter.from_pretrained(found[0], map_location=device).state_dict())
 
-    def restore(self, found: tuple[Path, dict], run: RunState, spread, optimizer, scheduler) -> None:
+    def restore(
+        self,
+        found: tuple[Path, dict],
+        run: RunState,
+        spread: Replicated,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ) -> None:
         """Optimizer, scheduler, RNG states and the run state from a checkpoint `find` returned."""
         path, state = found
         spread.load_optimizer_state(optimizer, state["optimizer"])
@@ -338,7 +350,13 @@ class Checkpointer:
         log.info("resuming from %s at step %d (epoch %d, step group %d)", path, run.step, run.epoch,
                  run.group_in_epoch)  # fmt: skip
 
-    def save(self, run: RunState, spread, optimizer, scheduler) -> Eagle3Drafter | None:
+    def save(
+        self,
+        run: RunState,
+        spread: Replicated,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ) -> Eagle3Drafter | None:
         """Save a checkpoint; returns the gathered drafter it saved (rank 0; None elsewhere)."""
         state = {  # collectives (seen, sharded optimizer state): every rank takes part
             "fingerprint": self.fingerprint,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,10 +23,13 @@ from eyas.store import ProvenanceError
 from eyas.train.loader import PairedLoader, pad_multiple_for
 from eyas.train.loss import teacher_from_final, ttt_loss
 
+if TYPE_CHECKING:
+    from eyas.model.drafter import Eagle3Drafter
+
 DEFAULT_TOKEN_BUDGET = 1024  # padded tokens per batch: step logits are [B, T, D] fp32 for every step
 
 
-def _check_drafter_matches(drafter, store_attrs: list[dict], hidden_stores: list[str]) -> None:
+def _check_drafter_matches(drafter: Eagle3Drafter, store_attrs: list[dict], hidden_stores: list[str]) -> None:
     """The drafter must read the taps these stores hold, at the width they hold."""
     config = drafter.config
     for attrs, path in zip(store_attrs, hidden_stores, strict=True):
@@ -39,7 +43,7 @@ def _check_drafter_matches(drafter, store_attrs: list[dict], hidden_stores: list
 
 @torch.no_grad()
 def evaluate_offline(
-    drafter,
+    drafter: Eagle3Drafter,
     token_shards: list[str],
     hidden_stores: list[str],
     model_dir: str | os.PathLike,
