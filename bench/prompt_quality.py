@@ -148,8 +148,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.write == bool(args.prompts) or (args.write and not args.model):
         ap.error("give --prompts FILE, or --write with --model")
+    import logging
+
     import torch
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
     seconds = None
     prompts = Path(args.prompts) if args.prompts else None

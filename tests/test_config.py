@@ -34,7 +34,7 @@ def test_default_config_loads():
         ({"train": {"progress": "yes"}}, "train.progress: expected true/false"),
         ({"extract": {"device": "tpu"}}, "extract.device: 'tpu' is not one of"),
         ({"data": {"inputs": [{"path": 3}]}}, r"data.inputs\[0\].path: expected a string"),
-        ({"data": {"inputs": [{"format": "alpaca"}]}}, "missing required key path"),
+        ({"data": {"inputs": [{"format": "alpaca"}]}}, r"data.inputs\[0\].path: needed for source file"),
         ({"tokenize": {"train_shards": 0}}, "tokenize.train_shards must be >= 1"),
         ({"data": {"eval_fraction": 1.5}}, "data.eval_fraction must be in"),
         ({"evaluate": {"num_draft_tokens": 4}}, "evaluate.num_draft_tokens: expected a list"),

@@ -20,7 +20,9 @@ from eyas.regenerate.filters import (
     units,
 )
 
-LIMITS = TurnLimits(max_new_tokens=160, max_tokens=100, near_duplicate_jaccard=0.7)
+LIMITS = TurnLimits(
+    max_new_tokens=160, max_tokens=100, near_duplicate_jaccard=0.7, special_texts=("<|im_end|>",)
+)
 CLEAN_EN = "Explain how photosynthesis turns sunlight into chemical energy in plants."
 CLEAN_ZH = "请解释光合作用是如何把阳光转化为植物中的化学能的。"
 
@@ -44,6 +46,7 @@ def test_language_by_cjk_share():
         ("   \n", 2, "en", "empty"),
         ("Write a story about a dragon who", 160, "en", "cut_off"),  # reached the cap
         ("Tell me about \ufffd\ufffd cats", 10, "en", "invalid_text"),
+        ("Say hi<|im_end|> and bye", 10, "en", "special_token"),
         ("请你烹饪一像；；；；；；；；；；；；", 30, "zh", "repetition_loop"),
         ("Is it? Is it? Is it? Is it? Is it? Is it?", 20, "en", "repetition_loop"),
         (

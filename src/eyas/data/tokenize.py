@@ -74,7 +74,7 @@ def _template_reads_tools(template: str) -> bool:
     return "tools" in jinja2.meta.find_undeclared_variables(ast)
 
 
-def _special_texts(tokenizer) -> tuple[str, ...]:
+def special_texts(tokenizer) -> tuple[str, ...]:
     specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
     return tuple(sorted(specials | set(tokenizer.all_special_tokens)))
 
@@ -82,7 +82,7 @@ def _special_texts(tokenizer) -> tuple[str, ...]:
 def _check_no_special_tokens(tokenizer, messages: list[dict], tools: str | None) -> None:
     texts = [(f"turn {i} ({m['role']})", m["content"]) for i, m in enumerate(messages)]
     texts += [("tools", tools)] if tools else []
-    for special in _special_texts(tokenizer):
+    for special in special_texts(tokenizer):
         for where, text in texts:
             if special in text:
                 raise SampleRejected("special_token_in_content", f"{where} contains {special!r}")

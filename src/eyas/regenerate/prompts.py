@@ -13,9 +13,10 @@ Every written user turn is checked (`eyas.regenerate.filters`, in order: empty, 
 repetition loop, too long, wrong language, duplicate, near duplicate over the whole set); a failing
 turn goes to the rejects file with its reason and ends its conversation there. Counts: conversations
 == kept + rejected (rejected = its first user turn failed); turns_written == turns_kept +
-turns_rejected; answers_written == answers_kept + answers_empty (an empty answer ends its conversation
-before the next user turn). Sampling is seeded once (`torch.manual_seed`) and every call runs in a
-fixed order, so the HF backend writes the same prompts for the same seed.
+turns_rejected; answers_written == answers_kept + answers_rejected (an empty answer, or one spelling
+out a special token, ends its conversation before the next user turn). Sampling is seeded once
+(`torch.manual_seed`) and every call runs in a fixed order, so the HF backend writes the same prompts
+for the same seed.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 from eyas.core.atomic import atomic_file
 from eyas.data.formats import PROMPT_PLACEHOLDER, RecordRejected, normalize_record
 from eyas.data.prepare import dumps_line, read_records
-from eyas.data.tokenize import render_prompt, user_turn_prefix
+from eyas.data.tokenize import render_prompt, special_texts, user_turn_prefix
 from eyas.regenerate.filters import DuplicateFilter, TurnLimits, check_turn, language
 from eyas.regenerate.mix import Steer, plan
 from eyas.regenerate.responses import HFGenerator, SglangGenerator
@@ -65,14 +66,16 @@ class _Conversation:
 
 
 def _write_answers(live, generate_answer, tokenizer, stats) -> None:
-    """The target's answer to each live conversation's last user turn (as written out, no steer)."""
+    """The target's answer to each live conversation's last user turn (as written out, no steer); an
+    empty one, or one spelling out a special token, ends its conversation."""
     placeholder = {"role": "assistant", "content": PROMPT_PLACEHOLDER}
     prompts = [render_prompt(tokenizer, [*c.messages, placeholder], c.steer.tools) for c in live]
+    specials = special_texts(tokenizer)
     for conversation, tokens in zip(live, generate_answer(prompts), strict=True):
         stats["answers_written"] += 1
         text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        if not text:
-            stats["answers_empty"] += 1
+        if not text or any(s in text for s in specials):
+            stats["answers_rejected"] += 1
             conversation.done = True
             continue
         stats["answers_kept"] += 1
@@ -128,7 +131,7 @@ def write_prompts(
     conversations = [_Conversation(f"target-{seed}-{i:07d}", s) for i, s in enumerate(steers)]
     duplicates = DuplicateFilter(limits.near_duplicate_jaccard, seed=seed)
     stats = Counter(turns_written=0, turns_kept=0, turns_rejected=0, new_tokens=0)
-    stats |= Counter(answers_written=0, answers_kept=0, answers_empty=0)
+    stats |= Counter(answers_written=0, answers_kept=0, answers_rejected=0)
     stats["by_reason"] = Counter()
     rejects: list[dict] = []
     for turn in range(turns):
@@ -145,6 +148,7 @@ def write_prompts(
     stats = _summary(stats, len(conversations), records)
     assert stats["conversations"] == stats["kept"] + stats["rejected"], stats
     assert stats["turns_written"] == stats["turns_kept"] + stats["turns_rejected"], stats
+    assert stats["answers_written"] == stats["answers_kept"] + stats["answers_rejected"], stats
     return records, rejects, stats
 
 
@@ -157,7 +161,7 @@ def _summary(stats: Counter, written: int, records: list[dict]) -> dict:
         "rejected": written - kept,
         **{k: stats[k] for k in ("turns_written", "turns_kept", "turns_rejected")},
         "by_reason": dict(sorted(stats["by_reason"].items())),
-        **{k: stats[k] for k in ("answers_written", "answers_kept", "answers_empty", "new_tokens")},
+        **{k: stats[k] for k in ("answers_written", "answers_kept", "answers_rejected", "new_tokens")},
         "kept_mix": {
             "zh": mix["zh"] / kept if kept else 0.0,
             "tools": sum(r["tools"] is not None for r in records) / kept if kept else 0.0,
@@ -202,7 +206,12 @@ def run_prompts(
         tool_share=settings.tool_share,
         tool_sets=tool_sets,
     )
-    limits = TurnLimits(settings.max_new_tokens, settings.max_tokens, settings.near_duplicate_jaccard)
+    limits = TurnLimits(
+        settings.max_new_tokens,
+        settings.max_tokens,
+        settings.near_duplicate_jaccard,
+        special_texts(tokenizer),
+    )
     user = dict(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
     answer = dict(max_new_tokens=answer_settings.max_new_tokens, temperature=answer_settings.temperature)
     run = dict(turns=settings.turns, seed=settings.seed)
