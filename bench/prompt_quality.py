@@ -13,7 +13,9 @@ it reports: count; distinct n-gram ratio (n = 1..4; a word, or a CJK character, 
 duplicate rate (same text up to case and spacing) and near-duplicate rate (Jaccard of unit 3-grams
 >= 0.7 with an earlier prompt, MinHash LSH confirmed exactly: `eyas.regenerate.filters`); length in
 units (percentiles); language mix (Chinese when >= 30% of the letters are CJK); tool-use share (records
-with tool schemas); the 15 most frequent opening bigrams; and a seeded random sample, verbatim.
+with tool schemas); the 15 most frequent opening bigrams; and a seeded random sample, verbatim. As
+distinct and duplicate ratios grow and shrink with a set's size, `demo_same_size` measures a seeded
+random subset of the demo prompts as large as the target's set.
 """
 
 from __future__ import annotations
@@ -172,6 +174,10 @@ def main() -> None:
         "target": measure(first_turns(prompts, demo=False), sample=args.sample, seed=0),
         "demo": {"files": DEMO_FILES, **measure(demo, sample=args.sample, seed=0)},
     }
+    # distinct and duplicate ratios depend on the set's size: the demo prompts again, as many as the target's
+    size = min(result["target"]["count"], len(demo))
+    same = random.Random(0).sample(demo, size)
+    result["demo_same_size"] = {k: v for k, v in measure(same, sample=0, seed=0).items() if k != "sample"}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     for key in (
@@ -182,7 +188,7 @@ def main() -> None:
         "language_share",
         "tool_use_share",
     ):
-        print(f"{key:24} target {result['target'][key]}  demo {result['demo'][key]}")
+        print(f"{key:22} target {result['target'][key]}  demo (same size) {result['demo_same_size'][key]}")
 
 
 if __name__ == "__main__":
