@@ -51,7 +51,7 @@ def model_dir():
     return EYAS.model.source
 
 
-TARGET_PROMPTS = "results/prompts/target.jsonl"  # rule prompts: the `target` data source
+TARGET_PROMPTS = "results/prompts/target.jsonl"  # the `target` data source, written by the prompts rule
 
 
 def asset_path(path):

@@ -51,7 +51,11 @@ rule prompts:
         runtime=240,
     params:
         settings=dataclasses.asdict(EYAS.prompts),
-        answer_settings=dataclasses.asdict(EYAS.regenerate),
+        # answers between user turns (turns > 1): only these two regenerate settings apply
+        answer_settings={
+            "max_new_tokens": EYAS.regenerate.max_new_tokens,
+            "temperature": EYAS.regenerate.temperature,
+        },
         engine_settings=dataclasses.asdict(EYAS.extract.sglang),
         trust_remote_code=EYAS.model.trust_remote_code,
         version=STAGE_VERSION["prompts"],
