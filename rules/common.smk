@@ -34,6 +34,7 @@ STAGE_VERSION = {
     "export": 2,
     "validate": 1,
     "regenerate": 2,
+    "prompts": 1,
 }
 
 
@@ -50,18 +51,27 @@ def model_dir():
     return EYAS.model.source
 
 
+TARGET_PROMPTS = "results/prompts/target.jsonl"  # the `target` data source, written by the prompts rule
+
+
+def asset_path(path):
+    """A config path: `llamafactory:<name>` is the fetched file, anything else a local file."""
+    if path.startswith(LLAMAFACTORY_PREFIX):
+        return f"results/assets/data/{path.removeprefix(LLAMAFACTORY_PREFIX)}"
+    return path
+
+
 def data_paths():
-    paths = []
-    for item in EYAS.data.inputs:
-        if item.path.startswith(LLAMAFACTORY_PREFIX):
-            paths.append(f"results/assets/data/{item.path.removeprefix(LLAMAFACTORY_PREFIX)}")
-        else:
-            paths.append(item.path)
-    return paths
+    return [TARGET_PROMPTS if item.source == "target" else asset_path(item.path) for item in EYAS.data.inputs]
 
 
 def data_formats():
-    return [item.format for item in EYAS.data.inputs]
+    """Each input's record format for prepare; the target's prompts await their answers."""
+    return ["prompts" if item.source == "target" else item.format for item in EYAS.data.inputs]
+
+
+def prompt_tool_files():
+    return [asset_path(path) for path in EYAS.prompts.tool_files]
 
 
 def num_shards(split):
@@ -106,6 +116,13 @@ def regenerate_gpus():
     if EYAS.regenerate.backend == "sglang":
         return EYAS.sglang.tp_size
     return use_gpu(EYAS.regenerate.device)
+
+
+def prompt_gpus():
+    """GPUs of the prompts job: as regenerate's, for the prompts backend and device."""
+    if EYAS.prompts.backend == "sglang":
+        return EYAS.sglang.tp_size
+    return use_gpu(EYAS.prompts.device)
 
 
 # --------------------------------------------------------------------------- regenerate / evaluation inputs
@@ -172,6 +189,8 @@ def benchmark_files():
     ]
     if EYAS.model.source == DEFAULT_MODEL_SOURCE:
         files.append("results/benchmarks/fetch_model.tsv")
+    if TARGET_PROMPTS in data_paths():
+        files.append("results/benchmarks/prompts.tsv")
     for split in SPLITS:
         files.append(f"results/benchmarks/tokenize/{split}.tsv")
         files += [f"results/benchmarks/extract/{split}-{i:05d}.tsv" for i in range(num_shards(split))]

@@ -37,7 +37,7 @@ def test_default_config_loads():
         ({"train": {"progress": "yes"}}, "train.progress: expected true/false"),
         ({"extract": {"device": "tpu"}}, "extract.device: 'tpu' is not one of"),
         ({"data": {"inputs": [{"path": 3}]}}, r"data.inputs\[0\].path: expected a string"),
-        ({"data": {"inputs": [{"format": "alpaca"}]}}, "missing required key path"),
+        ({"data": {"inputs": [{"format": "alpaca"}]}}, r"data.inputs\[0\].path: needed for source file"),
         ({"tokenize": {"train_shards": 0}}, "tokenize.train_shards must be >= 1"),
         ({"data": {"eval_fraction": 1.5}}, r"data.eval_fraction must be < 1, got 1.5 \(allowed: \(0, 1\)\)"),
         ({"evaluate": {"num_draft_tokens": 4}}, "evaluate.num_draft_tokens: expected a list"),
@@ -250,10 +250,14 @@ def _schema_keys(cls: type, prefix: str = ""):
 
 
 def _plain(value):
-    """A default as YAML writes it: dataclass items (data.inputs) as mappings."""
+    """A default as YAML writes it: dataclass items (data.inputs) as mappings, less the fields left at
+    their item class's own defaults (the YAML need not spell out `source: file` on every input)."""
     if isinstance(value, list):
         return [_plain(v) for v in value]
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    if not dataclasses.is_dataclass(value):
+        return value
+    own = type(value)()
+    return {k: v for k, v in dataclasses.asdict(value).items() if v != getattr(own, k)}
 
 
 def default_mismatches(yaml_values: dict) -> list[str]:
@@ -310,6 +314,9 @@ ZERO_ALLOWED = {
     "train.seed": "a seed like any other",
     "evaluate.seed": "a seed like any other",
     "regenerate.seed": "a seed like any other",
+    "prompts.seed": "a seed like any other",
+    "prompts.chinese_share": "a share: 0 = no conversation steered to Chinese",
+    "prompts.tool_share": "a share: 0 = no tool-use conversation",
     "train.warmup_steps": "0 = none (its docstring)",
     "train.weight_decay": "0 = none (its docstring)",
     "evaluate.temperature": "0 = greedy (its docstring)",

@@ -43,10 +43,15 @@ class ModelSettings:
 
 @dataclass
 class DataInput:
-    path: str
-    """A JSON/JSONL file, or `llamafactory:<name>` for a demo file of the llamafactory sdist."""
+    path: str | None = None
+    """A JSON/JSONL file, or `llamafactory:<name>` for a demo file of the llamafactory sdist (source
+    `file`; none for source `target`)."""
     format: Literal["auto", "sharegpt", "openai", "alpaca"] = "auto"
     """Record format; `auto` detects it per record."""
+    source: Literal["file", "target"] = "file"
+    """`file`: the records of `path`. `target`: conversations whose user turns the target writes itself
+    (rule `prompts`, settings in the `prompts` section); `regenerate` writes their answers, so it must be
+    enabled."""
 
 
 @dataclass
@@ -270,6 +275,48 @@ class RegenerateSettings:
 
 
 @dataclass
+class PromptSettings:
+    """The `target` data source: user turns the target writes from its own chat template (Magpie,
+    arXiv 2406.08464), steered to a mix of languages, tool use and topics, then filtered."""
+
+    conversations: int = bounded(1000, ge=1, le=COUNT_MAX)
+    """Conversations the target writes; those whose first user turn fails a filter are rejected (the
+    stats and rejects file say which and why), so fewer are kept."""
+    turns: int = bounded(1, ge=1, le=64)
+    """User turns per conversation; > 1 writes follow-ups from the conversation so far, the target
+    answering each turn before the next (with `regenerate.max_new_tokens` and `temperature`)."""
+    chinese_share: float = bounded(0.48, ge=0, le=1)
+    """Share of conversations steered to Simplified Chinese (the demo data's share is 48%)."""
+    tool_share: float = bounded(0.2, ge=0, le=1)
+    """Share of conversations given tool schemas from `tool_files` to write a request that needs them."""
+    tool_files: list[str] = field(
+        default_factory=lambda: [
+            "llamafactory:glaive_toolcall_en_demo.json",
+            "llamafactory:glaive_toolcall_zh_demo.json",
+        ]
+    )
+    """Files whose records' `tools` are the schemas tool-use conversations draw from (paths as in
+    `data.inputs`)."""
+    temperature: float = bounded(0.8, gt=0, le=100)
+    """Sampling temperature of user turns (higher: more diverse, and more of them garbage)."""
+    max_new_tokens: int = bounded(160, ge=2, le=2**20)
+    """Token cap of a user turn; a turn without end-of-turn by then is rejected (`cut_off`)."""
+    max_tokens: int = bounded(128, ge=1, le=2**20)
+    """Longest user turn kept (tokens); longer ones are rejected (`too_long`)."""
+    near_duplicate_jaccard: float = bounded(0.7, gt=0, le=1)
+    """Turns at least this similar (Jaccard of word 3-grams, a CJK character one word) to one kept
+    before them are rejected (`near_duplicate`)."""
+    backend: Literal["hf", "sglang"] = "hf"
+    """`hf` (batched Hugging Face `generate`; CPUs) or `sglang` (one engine; GPUs; the `sglang` section)."""
+    batch_size: int = bounded(32, ge=1, le=100_000)
+    """`hf`: turns generated together."""
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    """`hf`: device of the target."""
+    seed: int = bounded(0, ge=0, le=SEED_MAX)
+    """Seed of the steers and of sampling: the same seed writes the same prompts (HF path)."""
+
+
+@dataclass
 class ExportSettings:
     verifier: str | None = None
     """How the vLLM speculators export (results/export/speculators) names its verifier, the target, for
@@ -290,6 +337,7 @@ class Config:
     train: TrainSettings = field(default_factory=TrainSettings)
     evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
     regenerate: RegenerateSettings = field(default_factory=RegenerateSettings)
+    prompts: PromptSettings = field(default_factory=PromptSettings)
     export: ExportSettings = field(default_factory=ExportSettings)
     sglang: SglangSettings = field(default_factory=SglangSettings)
 
@@ -307,13 +355,32 @@ class Config:
             raise ConfigError(f"evaluate.baselines: names must be unique and not {sorted(reserved)}: {names}")
         if not self.data.inputs:
             raise ConfigError("data.inputs is empty: name at least one prompt file")
+        self._check_inputs()
+
+    def _check_inputs(self) -> None:
+        paths = [(f"prompts.tool_files[{i}]", p) for i, p in enumerate(self.prompts.tool_files)]
+        targets = [i for i, item in enumerate(self.data.inputs) if item.source == "target"]
         for i, item in enumerate(self.data.inputs):
-            name = item.path.removeprefix(LLAMAFACTORY_PREFIX)
-            if item.path.startswith(LLAMAFACTORY_PREFIX) and not re.fullmatch(ASSET_NAME_PATTERN, name):
+            if (item.source == "file") != (item.path is not None):
+                raise ConfigError(f"data.inputs[{i}].path: needed for source file, none for source target")
+            if item.path is not None:
+                paths.append((f"data.inputs[{i}].path", item.path))
+        for key, path in paths:
+            name = path.removeprefix(LLAMAFACTORY_PREFIX)
+            if path.startswith(LLAMAFACTORY_PREFIX) and not re.fullmatch(ASSET_NAME_PATTERN, name):
                 raise ConfigError(
-                    f"data.inputs[{i}].path: {name!r} is not a file name of the llamafactory data folder "
+                    f"{key}: {name!r} is not a file name of the llamafactory data folder "
                     f"(allowed: {ASSET_NAME_PATTERN})"
                 )
+        if len(targets) > 1:
+            raise ConfigError(f"data.inputs: source target given {len(targets)} times (at most once)")
+        if targets and not self.regenerate.enabled:
+            raise ConfigError(
+                f"data.inputs[{targets[0]}]: source target writes user turns only; their answers come "
+                "from the regenerate stage: set regenerate.enabled true"
+            )
+        if targets and self.prompts.tool_share > 0 and not self.prompts.tool_files:
+            raise ConfigError("prompts.tool_share > 0 needs prompts.tool_files")
 
     def _check_evaluate(self) -> None:
         ev = self.evaluate
@@ -380,8 +447,14 @@ def local_paths(config: Config) -> tuple[list[tuple[str, str]], list[tuple[str, 
     files = [
         (f"data.inputs[{i}].path", item.path)
         for i, item in enumerate(config.data.inputs)
-        if not item.path.startswith(LLAMAFACTORY_PREFIX)
+        if item.path is not None and not item.path.startswith(LLAMAFACTORY_PREFIX)
     ]
+    if any(item.source == "target" for item in config.data.inputs):
+        files += [
+            (f"prompts.tool_files[{i}]", path)
+            for i, path in enumerate(config.prompts.tool_files)
+            if not path.startswith(LLAMAFACTORY_PREFIX)
+        ]
     files += [
         (f"evaluate.sets[{i}].path", s.path)
         for i, s in enumerate(config.evaluate.sets)

@@ -26,9 +26,20 @@ from pathlib import Path
 from typing import Any
 
 from eyas.core.atomic import atomic_file
-from eyas.data.formats import FORMATS, RecordRejected, content_hash, normalize_record
+from eyas.data.formats import (
+    FORMATS,
+    PROMPT_PLACEHOLDER,
+    RecordRejected,
+    content_hash,
+    normalize_prompt_record,
+    normalize_record,
+)
 
 MAX_REJECT_RECORD_CHARS = 4096  # raw records in rejects.jsonl are cut to this many characters
+# The format of the target's own prompts (rule `prompts`): conversations ending in a user turn whose
+# answer is still to be written. Each gets a placeholder answer and `pending: true`; regenerate writes
+# the answer and tokenize rejects one it did not (`not_generated`), so no placeholder is trained on.
+PROMPTS_FORMAT = "prompts"
 
 
 class InputFileError(ValueError):
@@ -183,6 +194,16 @@ def _write_jsonl(path: str | os.PathLike, rows: list[dict]) -> None:
             fh.write(dumps_line(row))
 
 
+def _normalize(raw: RawRecord, fmt: str) -> dict:
+    if fmt != PROMPTS_FORMAT:
+        return normalize_record(raw.record, raw.source, fmt)
+    conversation = normalize_prompt_record(raw.record, raw.source, "openai")
+    messages = conversation["messages"]  # a trailing user turn got the placeholder answer
+    if messages[-1]["content"] != PROMPT_PLACEHOLDER or messages[-2]["role"] != "user":
+        raise RecordRejected("bad_turn_order", "a target-written prompt must end with its user turn")
+    return conversation | {"pending": True}
+
+
 def prepare(
     inputs: list[tuple[str, str]],
     out_train: str,
@@ -202,8 +223,8 @@ def prepare(
         if value is not None and value < 0:
             raise ValueError(f"{name} must be >= 0 or None, got {value}")
     for path, fmt in inputs:
-        if fmt not in FORMATS:
-            raise ValueError(f"{path}: unknown format {fmt!r}; expected one of {FORMATS}")
+        if fmt not in (*FORMATS, PROMPTS_FORMAT):
+            raise ValueError(f"{path}: unknown format {fmt!r}; expected one of {(*FORMATS, PROMPTS_FORMAT)}")
 
     valid: list[tuple[dict, Counter[str]]] = []
     kept: list[dict] = []
@@ -219,7 +240,7 @@ def prepare(
             try:
                 if raw.error is not None:
                     raise raw.error
-                conversation = normalize_record(raw.record, raw.source, fmt)
+                conversation = _normalize(raw, fmt)
                 digest = content_hash(conversation["messages"], conversation["tools"])
                 if digest in seen_content:
                     raise RecordRejected("duplicate", f"same messages and tools as {seen_content[digest]}")
