@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 
 from eyas.data.formats import RecordRejected, normalize_prompt_record
-from eyas.data.prepare import read_records
+from eyas.data.readers import read_records
 from eyas.data.tokenize import SampleRejected, read_prepared, render_prompt
 
 EVAL_SETS = ("heldout", "humaneval")
