@@ -163,6 +163,15 @@ def eval_set_format(wildcards):
     return eval_set_formats().get(wildcards.set)
 
 
+def specdec_settings(wildcards):
+    """The evaluate section as set `{set}`'s specdec job sees it: `sets` holds that set alone, so adding
+    or removing another set leaves this job's params (a rerun trigger) as they were."""
+    settings = dataclasses.asdict(EYAS.evaluate)
+    names = EYAS.evaluate.set_names
+    settings["sets"] = [s for s, name in zip(settings["sets"], names) if name == wildcards.set]
+    return settings
+
+
 def eval_set_path(wildcards):
     """The prompt file of evaluation set `{set}`."""
     return eval_set_files()[wildcards.set]

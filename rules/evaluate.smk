@@ -21,7 +21,7 @@ rule specdec:
         mem_mb=4000,  # fp32 target + drafters + KV caches; default job: max RSS 1.3 GB per set
         runtime=60,  # minutes; the default job's sets take 3-4 min each on 1 CPU core
     params:
-        settings=dataclasses.asdict(EYAS.evaluate),
+        settings=specdec_settings,
         set_format=eval_set_format,
         baseline_names=[b.name for b in EYAS.evaluate.baselines],
         trust_remote_code=EYAS.model.trust_remote_code,
