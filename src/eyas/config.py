@@ -108,12 +108,12 @@ class SglangSettings:
 @dataclass
 class ExtractSettings:
     backend: Literal["hf", "sglang"] = "hf"
-    """Capture backend: `hf` (Hugging Face transformers; also the CPU path) or `sglang` (a patched
-    SGLang engine on GPUs, docs/sglang.md)."""
+    """Capture backend: `hf` (Hugging Face transformers; also the CPU path) or `sglang` (a stock
+    SGLang engine, hooked from outside, on GPUs; docs/sglang.md)."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """`auto` = cuda when available; set `cuda` to request a GPU (resources gpu=1) from the scheduler."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Compute dtype: `auto` = bf16 on CUDA, fp32 on CPU. Storage is always bf16."""
+    """Compute dtype: `auto` = bf16 on CUDA, fp32 on CPU. How states are stored is `storage`."""
     token_budget: int = bounded(8192, ge=1)
     """Padded tokens per forward batch."""
     storage: Literal["bf16", "fp8_e4m3"] = "bf16"

@@ -1,8 +1,9 @@
 """SGLang engines for eyas's three uses: hidden-state extraction, regeneration and served evaluation.
 
-This module and `extract/sglang_backend.py` (the capture hook) are the only ones that import sglang,
-always lazily: the argument builders are pure and run anywhere. One function builds the arguments
-every engine shares (`base_engine_args`: the target, TP, memory, attention backend, the user's
+This module and `extract/sglang_backend.py` (the capture hook inside the scheduler process) are the only
+ones that import sglang, always lazily: the argument builders are pure and run anywhere. Nothing in
+SGLang's files is edited: eyas starts stock engines and hooks them from outside. One function builds the
+arguments every engine shares (`base_engine_args`: the target, TP, memory, attention backend, the user's
 `extract.sglang.engine_args`); each use adds its own:
 
 - served evaluation: EAGLE-3 chain drafting of k tokens, i.e. `speculative_num_steps=k,
@@ -181,6 +182,13 @@ def is_eagle3_draft_dir(path: str | os.PathLike) -> bool:
         return EAGLE3_DRAFT_ARCH in (json.loads(config.read_text()).get("architectures") or [])
     except (OSError, ValueError):
         return False
+
+
+def installed_version() -> str:
+    """The installed sglang's version (recorded in the results an engine made)."""
+    import sglang
+
+    return sglang.__version__
 
 
 def server_arg_names() -> set[str]:

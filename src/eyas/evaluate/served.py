@@ -27,6 +27,12 @@ import os
 import tempfile
 import time
 
+from eyas.core.acceptance import (
+    acceptance_by_position,
+    counts_from_histograms,
+    tau_from_completions,
+    tau_sglang,
+)
 from eyas.core.atomic import atomic_file
 from eyas.core.logs import Progress
 from eyas.evaluate.summary import json_safe
@@ -58,30 +64,6 @@ def request_figures(output: dict, k: int | None) -> dict:
     return figures | {"verify": int(verify), "histogram": histogram}
 
 
-def acceptance_by_position(histograms: list[list[int]], k: int) -> dict:
-    """From verify-pass histograms (index a = passes that accepted a drafts), as `evaluate.specdec`
-    reports them: every pass proposes all k drafts (`position_attempted`); position i is reached
-    when drafts 0..i-1 were accepted and accepted when drafts 0..i were. Rates are None when unreached."""
-    counts = [0] * (k + 1)
-    for histogram in histograms:
-        for accepted, passes in enumerate(histogram):
-            counts[accepted] += passes
-    attempted = [sum(counts)] * k
-    reached = [sum(counts[i:]) for i in range(k)]
-    accepted = [sum(counts[i + 1 :]) for i in range(k)]
-
-    def rate(num: list[int], den: list[int]) -> list[float | None]:
-        return [a / n if n else None for a, n in zip(num, den, strict=True)]
-
-    return {
-        "position_attempted": attempted,
-        "position_reached": reached,
-        "position_accepted": accepted,
-        "acceptance_by_position": rate(accepted, attempted),
-        "conditional_acceptance_by_position": rate(accepted, reached),
-    }
-
-
 def aggregate(requests: list[dict], k: int) -> dict:
     """Accept lengths (SGLang's and eyas's) and acceptance by position over a set's requests."""
     completion = sum(r["completion"] for r in requests)
@@ -92,12 +74,12 @@ def aggregate(requests: list[dict], k: int) -> dict:
         "prompts": len(requests),
         "completion_tokens": completion,
         "verify_passes": verify,
-        "tau_sglang": completion / verify if verify else None,
-        "tau": (completion - len(requests)) / verify if verify else None,
-        "per_prompt_tau": [(r["completion"] - 1) / r["verify"] if r["verify"] else None for r in requests],
+        "tau_sglang": tau_sglang(completion, verify),
+        "tau": tau_from_completions(completion, len(requests), verify),
+        "per_prompt_tau": [tau_from_completions(r["completion"], 1, r["verify"]) for r in requests],
     }
     if len(histograms) == len(requests):
-        out |= acceptance_by_position(histograms, k)
+        out |= acceptance_by_position(*counts_from_histograms(histograms, k))
     return out
 
 

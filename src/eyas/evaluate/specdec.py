@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from eyas.core.acceptance import acceptance_by_position, ratio, tau
 from eyas.evaluate.sampling import draft_distribution, pick, probs, rejection_verify
 from eyas.model.capture import TapCapture
 from eyas.model.drafter import DrafterCache
@@ -74,7 +75,7 @@ class SpecStats:
 
     @property
     def tau(self) -> float | None:
-        return (self.generated - 1) / self.verify_passes if self.verify_passes else None
+        return tau(self.generated - 1, self.verify_passes)
 
     @property
     def position_attempted(self) -> list[int]:
@@ -333,10 +334,6 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _rate(num: int, den: int) -> float | None:
-    return num / den if den else None
-
-
 def evaluate_specdec(
     model_dir: str | os.PathLike,
     drafter,
@@ -418,8 +415,8 @@ def evaluate_specdec(
             if not row["equal"]:
                 mismatches.append({"prompt": index, "first_mismatch": row["first_mismatch"]})
         per_prompt.append(row)
-    spec_tps = _rate(totals["spec_tokens"], totals["spec_seconds"])
-    greedy_tps = _rate(totals["greedy_tokens"], totals["greedy_seconds"]) if check_equal else None
+    spec_tps = ratio(totals["spec_tokens"], totals["spec_seconds"])
+    greedy_tps = ratio(totals["greedy_tokens"], totals["greedy_seconds"]) if check_equal else None
     return {
         "num_prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
@@ -428,14 +425,10 @@ def evaluate_specdec(
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "temperature": temperature,
-        "tau": _rate(emitted, passes),
+        "tau": tau(emitted, passes),
         "verify_passes": passes,
         "generated_tokens": totals["spec_tokens"],
-        "acceptance_by_position": [_rate(a, n) for a, n in zip(accepted, attempted, strict=True)],
-        "conditional_acceptance_by_position": [_rate(a, n) for a, n in zip(accepted, reached, strict=True)],
-        "position_attempted": attempted,
-        "position_reached": reached,
-        "position_accepted": accepted,
+        **acceptance_by_position(attempted, reached, accepted),
         "spec_tokens_per_s": spec_tps,
         "greedy_tokens_per_s": greedy_tps,  # plain decoding: sampling at temperature > 0
         "speedup": spec_tps / greedy_tps if spec_tps and greedy_tps else None,

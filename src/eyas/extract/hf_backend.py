@@ -40,7 +40,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 # --------------------------------------------------------------------------- small pure helpers
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """Compute dtype: "auto" is bf16 on CUDA and fp32 on CPU (storage is bf16 either way)."""
+    """Compute dtype: "auto" is bf16 on CUDA and fp32 on CPU (what is stored is `storage`, not this)."""
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

@@ -1,19 +1,19 @@
 """Extract stage, SGLang backend: a stock SGLang engine with aux capture on, rows taken in-process.
 
-The only module that imports sglang (lazily: its pure parts run anywhere). Nothing in SGLang's files
-is edited. The engine's scheduler process is started through `Engine.run_scheduler_process_func` on
-a subclass; there, before the scheduler is built, `install_capture` wraps `ModelRunner.forward`
-(an AFTER hook) and, on releases without a capture-only mode, turns aux capture on.
+With `engine/sglang.py` (which builds every engine's arguments), the only module that imports sglang,
+lazily: its pure parts run anywhere. Nothing in SGLang's files is edited. The engine's scheduler process
+is started through `Engine.run_scheduler_process_func` on a subclass; there, before the scheduler is
+built, `install_capture` wraps `ModelRunner.forward` (an AFTER hook) and, on releases without a
+capture-only mode, turns aux capture on.
 
 Why a hook and not the public `return_hidden_states` (read in the sglang 0.5.23 sources): that path ships
 Python float lists through ZMQ, drops the middle chunks of chunked prefill and never returns the final
 state. The hook sees every extend forward: `forward_batch.rids`, `extend_prefix_lens_cpu`,
 `extend_seq_lens_cpu` say which rows belong to which sample and where in it; the rows are encoded on the
 device, copied into reused pinned buffers on a side stream (`extract.staging`) and written by the same
-writer as the HF backend (`extract.writer`, `HiddenStoreWriter.write_rows` reassembles chunked prefill). The
-store is finished (atomic rename) by the forward that completes the last sample, before SGLang answers that
-request, so it exists when the last `generate` call returns.
-"""
+writer as the HF backend (`extract.writer`, `HiddenStoreWriter.write_rows` reassembles chunked prefill).
+The store is finished (atomic rename) by the forward that completes the last sample, before SGLang
+answers that request, so it exists when the last `generate` call returns."""
 
 from __future__ import annotations
 

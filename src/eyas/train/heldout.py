@@ -16,10 +16,11 @@ import time
 
 import torch
 
+from eyas.core.acceptance import ratio, simulated_tau
 from eyas.model.target import load_embed_and_head
 from eyas.store import ProvenanceError
 from eyas.train.loader import PairedLoader, pad_multiple_for
-from eyas.train.loss import simulated_tau, teacher_from_final, ttt_loss
+from eyas.train.loss import teacher_from_final, ttt_loss
 
 DEFAULT_TOKEN_BUDGET = 1024  # padded tokens per batch: step logits are [B, T, D] fp32 for every step
 
@@ -34,10 +35,6 @@ def _check_drafter_matches(drafter, store_attrs: list[dict], hidden_stores: list
                 raise ProvenanceError(
                     f"{path}: provenance field {name!r} is {have!r}, but the drafter was built for {want!r}"
                 )
-
-
-def _ratio(num: float, den: int) -> float | None:
-    return num / den if den else None
 
 
 @torch.no_grad()
@@ -96,9 +93,9 @@ def evaluate_offline(
     count = [int(c) for c in sums["count"]]
     cond_count = [int(c) for c in sums["cond_count"]]
     # Counts are integers, correct sums are integers up to float rounding of acc * count.
-    accuracy = [_ratio(round(c), n) for c, n in zip(sums["correct"], count, strict=True)]
-    conditional = [_ratio(round(c), n) for c, n in zip(sums["cond_correct"], cond_count, strict=True)]
-    loss = [_ratio(s, n) for s, n in zip(sums["loss"], count, strict=True)]
+    accuracy = [ratio(round(c), n) for c, n in zip(sums["correct"], count, strict=True)]
+    conditional = [ratio(round(c), n) for c, n in zip(sums["cond_correct"], cond_count, strict=True)]
+    loss = [ratio(s, n) for s, n in zip(sums["loss"], count, strict=True)]
     return {
         "ttt_steps": ttt_steps,
         "num_samples": len(loader.samples),
