@@ -8,7 +8,7 @@ import re
 
 import pytest
 from faultkit import LAYER_IDS
-from test_drafter import tiny_config  # tests/ is on sys.path (rootdir conftest, no package)
+from modelkit import tiny_drafter_config
 
 from eyas.config import ExtractSettings
 from eyas.core import diskspace
@@ -64,7 +64,7 @@ def test_extraction_refused_before_it_starts_when_the_store_will_not_fit(
 
 
 def _drafter() -> Eagle3Drafter:
-    cfg = tiny_config(hidden_size=64, intermediate_size=128, vocab_size=512, draft_vocab_size=256)
+    cfg = tiny_drafter_config(hidden_size=64, intermediate_size=128, vocab_size=512, draft_vocab_size=256)
     return Eagle3Drafter(cfg)
 
 
