@@ -104,6 +104,18 @@ def use_gpu(device):
     return 1 if device == "cuda" else 0
 
 
+# Cores a GPU job takes per GPU: what feeds the GPU (the loader's Blosc decode, ~4 cores per GB/s,
+# docs/scale.md; as the SLURM profile's 8), not every core, so CPU stages run beside GPU jobs.
+GPU_JOB_CORES = 8
+
+
+def job_threads(gpus, per_gpu=GPU_JOB_CORES):
+    """A job's cores: on the CPU every core (the work itself runs there), on GPUs `per_gpu` each."""
+    if gpus == 0:
+        return all_cores()
+    return max(1, min(all_cores(), per_gpu * gpus))
+
+
 def extract_gpus():
     """GPUs per extraction job: the SGLang engine's tensor-parallel size, else one on CUDA."""
     if EYAS.extract.backend == "sglang":
@@ -123,6 +135,16 @@ def prompt_gpus():
     if EYAS.prompts.backend == "sglang":
         return EYAS.sglang.tp_size
     return use_gpu(EYAS.prompts.device)
+
+
+def specdec_threads():
+    """One job per set, the cores split between them on the CPU: CPU decoding is memory-latency bound
+    (SmolLM2-135M on the idle 2-core VM, bench/decode_parallel.py: 1 process decodes 17.9 tok/s with 1
+    thread and with 2; two 1-thread processes side by side 17.4 tok/s each, 34.8 together). On a GPU,
+    2 cores: the decode loop runs on the GPU."""
+    if use_gpu(EYAS.evaluate.device):
+        return job_threads(1, per_gpu=2)
+    return max(1, all_cores() // len(EYAS.evaluate.sets))
 
 
 # --------------------------------------------------------------------------- regenerate / evaluation inputs
@@ -158,6 +180,15 @@ def eval_set_format(wildcards):
     return eval_set_formats().get(wildcards.set)
 
 
+def specdec_settings(wildcards):
+    """The evaluate section as set `{set}`'s specdec job sees it: `sets` holds that set alone, so adding
+    or removing another set leaves this job's params (a rerun trigger) as they were."""
+    settings = dataclasses.asdict(EYAS.evaluate)
+    names = EYAS.evaluate.set_names
+    settings["sets"] = [s for s, name in zip(settings["sets"], names) if name == wildcards.set]
+    return settings
+
+
 def eval_set_path(wildcards):
     """The prompt file of evaluation set `{set}`."""
     return eval_set_files()[wildcards.set]
@@ -181,23 +212,35 @@ def served_json():
 
 
 def benchmark_files():
-    """The `benchmark:` files of the stages, for the throughput table."""
-    files = [
-        "results/benchmarks/prepare.tsv",
-        "results/benchmarks/train.tsv",
-        "results/benchmarks/evaluate.tsv",
-    ]
-    if EYAS.model.source == DEFAULT_MODEL_SOURCE:
-        files.append("results/benchmarks/fetch_model.tsv")
+    """The `benchmark:` file of every job the final outputs need, in pipeline order (the throughput
+    table and figure: one row per stage)."""
+    bench = "results/benchmarks"
+    files = [f"{bench}/fetch_model.tsv"] if EYAS.model.source == DEFAULT_MODEL_SOURCE else []
+    demo_files = [item.path for item in EYAS.data.inputs if item.source == "file"]
     if TARGET_PROMPTS in data_paths():
-        files.append("results/benchmarks/prompts.tsv")
-    for split in SPLITS:
-        files.append(f"results/benchmarks/tokenize/{split}.tsv")
-        files += [f"results/benchmarks/extract/{split}-{i:05d}.tsv" for i in range(num_shards(split))]
+        demo_files += EYAS.prompts.tool_files
+    files += [
+        f"{bench}/fetch_data/{path.removeprefix(LLAMAFACTORY_PREFIX)}.tsv"
+        for path in dict.fromkeys(demo_files)
+        if path.startswith(LLAMAFACTORY_PREFIX)
+    ]
+    if "humaneval" in EYAS.evaluate.set_names:
+        files.append(f"{bench}/fetch_humaneval.tsv")
+    if TARGET_PROMPTS in data_paths():
+        files.append(f"{bench}/prompts.tsv")
+    files.append(f"{bench}/prepare.tsv")
+    if EYAS.regenerate.enabled:
+        files += [f"{bench}/regenerate/{split}.tsv" for split in SPLITS]
+    files += [f"{bench}/tokenize/{split}.tsv" for split in SPLITS]
+    files.append(f"{bench}/vocab.tsv")
+    for stage in ("extract", "validate"):
+        files += [f"{bench}/{stage}/{s}-{i:05d}.tsv" for s in SPLITS for i in range(num_shards(s))]
+    files += [f"{bench}/train.tsv", f"{bench}/export_sglang.tsv", f"{bench}/export_speculators.tsv"]
     if uses_hf_evaluation():
-        files += [f"results/benchmarks/specdec/{name}.tsv" for name in EYAS.evaluate.set_names]
+        files += [f"{bench}/specdec/{name}.tsv" for name in EYAS.evaluate.set_names]
     if served_json():
-        files.append("results/benchmarks/served.tsv")
+        files.append(f"{bench}/served.tsv")
+    files.append(f"{bench}/evaluate.tsv")
     return files
 
 

@@ -14,7 +14,7 @@ rule regenerate:
         "results/benchmarks/regenerate/{split}.tsv"
     conda:
         "../envs/eyas.yaml"
-    threads: all_cores()
+    threads: job_threads(regenerate_gpus(), per_gpu=2)  # on GPUs: the client and its tokenizer
     resources:
         gpu=regenerate_gpus(),
         mem_mb=8000,  # the target + a batch's KV cache (batch_size x (prompt + max_new_tokens))

@@ -79,3 +79,23 @@ def test_loss_log_and_tau_table(tmp_path):
     (row,) = tau_table(summary)
     assert row["accept_pos2"] == 0.5 and row["simulated_tau"] == 2.8
     assert (row["backend"], row["k"], row["tokens_per_s_batched"]) == ("hf", 2, None)
+
+
+def test_benchmarks_of_every_stage_keep_pipeline_order(tmp_path):
+    """The stages rules/common.smk's benchmark_files() lists beyond the core ones: fetches, regenerate
+    per split, validate per store, exports; one row each, in the order given."""
+    root = tmp_path / "benchmarks"
+    names = [
+        "fetch_data/alpaca_en_demo.json.tsv",
+        "prepare.tsv",
+        "regenerate/train.tsv",
+        "regenerate/eval.tsv",
+        "validate/train-00000.tsv",
+        "validate/eval-00000.tsv",
+        "export_sglang.tsv",
+    ]
+    paths = [bench(root / name, float(n + 1), 10.0, 1.0) for n, name in enumerate(names)]
+    rows = read_benchmarks(root, paths)
+    assert [r["stage"] for r in rows] == ["fetch_data", "prepare", "regenerate", "validate", "export_sglang"]
+    assert {r["stage"]: (r["jobs"], r["wall_s"]) for r in rows}["regenerate"] == (2, 7.0)
+    assert {r["stage"]: (r["jobs"], r["wall_s"]) for r in rows}["validate"] == (2, 11.0)

@@ -44,8 +44,9 @@ class ModelSettings:
 @dataclass
 class DataInput:
     path: str | None = None
-    """A JSON/JSONL file, or `llamafactory:<name>` for a demo file of the llamafactory sdist (source
-    `file`; none for source `target`)."""
+    """A `.json`, `.jsonl`, `.jsonl.gz`, `.jsonl.zst` or `.parquet` file, a directory of Parquet shards
+    (docs/inputs.md), or `llamafactory:<name>` for a demo file of the llamafactory sdist (source `file`;
+    none for source `target`)."""
     format: Literal["auto", "sharegpt", "openai", "alpaca"] = "auto"
     """Record format; `auto` detects it per record."""
     source: Literal["file", "target"] = "file"
@@ -474,6 +475,8 @@ def check_local_paths(files: list[tuple[str, str]], dirs: list[tuple[str, str]] 
     Relative paths are read from the working directory (Snakemake's `--directory`)."""
     problems = []
     for key, path in files:
+        if Path(path).is_dir() and any(Path(path).rglob("*.parquet")):
+            continue  # a Parquet dataset directory (eyas.data.readers) reads as one input file
         if not Path(path).is_file():
             what = "is a directory, not a file" if Path(path).is_dir() else "does not exist"
             problems.append(f"{key}: {path} {what}")

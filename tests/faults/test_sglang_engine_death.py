@@ -381,6 +381,9 @@ def served_reference(tmp_path_factory, served_inputs) -> dict:
     root = tmp_path_factory.mktemp("served_reference")
     run = _engine_job(_served_job(served_inputs, root), root)
     assert run["code"] == 0, run["stderr"][-3000:]
+    log = (root / "served.log").read_text()
+    for k in (3, 2):  # logged once the engines ran (SGLang's configure_logger had reset the root logger)
+        assert f"served heldout / trained / k={k}: tau" in log, log[-3000:]
     result = json.loads((root / "results" / "eval" / "served.json").read_text())
     assert list(result["sets"]) == ["heldout", "humaneval"]
     assert {d: list(by_k) for d, by_k in result["sets"]["heldout"].items()} == {

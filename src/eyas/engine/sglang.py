@@ -41,6 +41,7 @@ import os
 from pathlib import Path
 
 from eyas.config import SglangSettings
+from eyas.core.logs import child_stage_logging, keep_stage_logging
 
 log = logging.getLogger("eyas.sglang")
 
@@ -301,6 +302,13 @@ def install_draft_swap() -> None:
     manager.update_weights_from_disk = update_weights_from_disk
 
 
+def in_stage_log(process_func, *args, **kwargs):
+    """An engine process function (scheduler, detokenizer) run with its output in the stage's log
+    file too (`eyas.core.logs.child_stage_logging`); picklable, as spawn needs, as a partial."""
+    child_stage_logging()
+    return process_func(*args, **kwargs)
+
+
 def draft_swap_scheduler_process(*args, **kwargs):
     """`run_scheduler_process_func` of `DraftSwapEngine`: install the swap, then run SGLang's."""
     install_draft_swap()
@@ -401,6 +409,11 @@ def engine_class():
     class EyasEngine(Engine):
         def __init__(self, *, stage: str, **kwargs):
             self.stage, self.died = stage, None
+            # SGLang launches its processes with these (`Engine._launch_subprocesses`; a release
+            # without one of them launches that process its own way, outside the stage's log).
+            for name in ("run_scheduler_process_func", "run_detokenizer_process_func"):
+                if hasattr(self, name):
+                    setattr(self, name, functools.partial(in_stage_log, getattr(self, name)))
             quit_handler = functools.partial(_sigquit_while_starting, stage)
             try:
                 super().__init__(**kwargs, custom_sigquit_handler=quit_handler)
@@ -413,6 +426,7 @@ def engine_class():
                 # until the job exits (its atexit shutdown).
                 kill_process_tree(os.getpid(), include_parent=False)
                 raise EngineDied(death_message(stage, f"it did not start: {err}")) from err
+            keep_stage_logging()  # SGLang's configure_logger reset the root logger as it started
             manager = self.tokenizer_manager
             manager.signal_handler_class = functools.partial(handler, engine=self)
             # SGLang installs the tokenizer manager's SIGQUIT handler at its first request; until

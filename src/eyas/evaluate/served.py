@@ -34,6 +34,7 @@ from eyas.core.acceptance import (
     tau_sglang,
 )
 from eyas.core.atomic import atomic_file
+from eyas.core.logs import Progress
 from eyas.evaluate.summary import json_safe
 
 log = logging.getLogger("eyas.evaluate.served")
@@ -131,6 +132,9 @@ def decode_set(
     extra = {"return_logprob": True, "top_logprobs_num": 2} if logprobs else {}
     engine.generate(input_ids=prompts[0], sampling_params=_sampling(WARMUP_TOKENS))  # kernels, graphs
     single, start = [], time.perf_counter()
+    progress = Progress(
+        log, f"served {'plain' if k is None else f'k={k}'} at batch size 1", len(prompts), "prompts"
+    )
     for prompt in prompts:
         output = engine.generate(input_ids=prompt, sampling_params=_sampling(max_new_tokens), **extra)
         if raw is not None:
@@ -139,11 +143,19 @@ def decode_set(
         if logprobs:
             figures["top_logprobs"] = output["meta_info"].get("output_top_logprobs")
         single.append(figures)
+        progress.update(1)
     single_seconds = time.perf_counter() - start
     start = time.perf_counter()
     outputs = engine.generate(input_ids=prompts, sampling_params=_sampling(max_new_tokens))
     batched_seconds = time.perf_counter() - start
     batched = [request_figures(o, k) for o in outputs]
+    log.info(
+        "served %s: %d prompts at batch size 1 in %.1f s, all at once in %.1f s",
+        "plain" if k is None else f"k={k}",
+        len(prompts),
+        single_seconds,
+        batched_seconds,
+    )
     return {
         "single": single,
         "batched": batched,

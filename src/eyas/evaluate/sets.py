@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from eyas.data.formats import RecordRejected, normalize_prompt_record
-from eyas.data.prepare import read_records
+from eyas.data.readers import read_records
 from eyas.data.tokenize import SampleRejected, read_prepared, render_prompt
 
 if TYPE_CHECKING:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import time
 import uuid
@@ -32,6 +33,7 @@ import torch
 from eyas.config import SglangSettings
 from eyas.core.atomic import atomic_file
 from eyas.core.layer_ids import sglang_layer_ids, text_model_type
+from eyas.core.logs import Progress, child_stage_logging, keep_stage_logging
 from eyas.engine.sglang import base_engine_args, check_tested, server_arg_names, user_engine_args
 from eyas.extract.job import (
     default_writer_threads,
@@ -44,6 +46,8 @@ from eyas.extract.staging import PinnedPool, stage_batch
 from eyas.extract.writer import BatchWriter, empty_rows
 from eyas.store import CHUNK_TOKENS, hidden_store_writer, read_token_shard
 from eyas.store.quant import check_storage
+
+log = logging.getLogger("eyas.extract")
 
 BUILTIN_CAPTURE_FROM = (0, 5, 22)  # `enable_return_aux_hidden_states` (capture-only mode) exists
 WARMUP_REQUESTS = 8
@@ -306,6 +310,7 @@ def _keep_final_state() -> None:
 
 def scheduler_process(spec: CaptureSpec, *args, **kwargs):
     """`run_scheduler_process_func` of the capture engine: install the capture, then run SGLang's."""
+    child_stage_logging()
     install_capture(spec)
     from sglang.srt.managers.scheduler import run_scheduler_process
 
@@ -450,6 +455,7 @@ def extract_shard_sglang(
             server_arg_names(),
         )
     )
+    keep_stage_logging()  # SGLang's configure_logger reset the root logger as the engine started
     try:
         # Kernels compile on first use: a few requests under other rids (the hook skips them) first,
         # so the timed part is the steady state the job spends its hours in.
@@ -461,6 +467,7 @@ def extract_shard_sglang(
         )
         load_seconds = time.perf_counter() - start
         step = settings.requests_per_call
+        progress = Progress(log, f"extract {out_store}", int(lengths.sum()), "tok")
         for lo in range(0, len(todo), step):
             group = todo[lo : lo + step]
             engine.generate(
@@ -468,6 +475,7 @@ def extract_shard_sglang(
                 sampling_params={"max_new_tokens": 0},
                 rid=[request_rid(spec.rid_prefix, i) for i in group],
             )
+            progress.update(int(lengths[group].sum()))
         seconds = time.perf_counter() - start - load_seconds
     finally:
         engine.shutdown()

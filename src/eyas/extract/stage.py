@@ -7,8 +7,26 @@ from __future__ import annotations
 import os
 
 from eyas.config import ExtractSettings, SglangSettings
-from eyas.core.layer_ids import resolve_aux_layer_ids
+from eyas.core.diskspace import check_fits
+from eyas.core.layer_ids import resolve_aux_layer_ids, text_config
 from eyas.model.target import read_config, resolve_device
+from eyas.store import read_token_shard
+from eyas.store.size import estimated_store_bytes
+
+
+def check_store_fits(
+    shard: str | os.PathLike,
+    out_store: str | os.PathLike,
+    model_dir: str | os.PathLike,
+    taps: int,
+    storage: str,
+) -> None:
+    """Refuse, before the target loads, a store larger than the free space where it is written."""
+    tokens = int(read_token_shard(shard).sample_offsets[-1])
+    hidden = int(text_config(read_config(model_dir))["hidden_size"])
+    need = estimated_store_bytes(tokens, hidden, taps + 1, storage)
+    what = f"extract: the {storage} hidden store of {tokens:,} tokens ({taps} taps + final, hidden {hidden})"
+    check_fits(out_store, need, what)
 
 
 def run_extract(
@@ -25,9 +43,12 @@ def run_extract(
 ) -> dict:
     """Write the hidden store of `shard` at `out_store` (atomically); returns the backend's run stats.
     `engine_settings`: the `sglang` section (used by `backend: sglang`); `aux_layer_ids`:
-    `model.aux_layer_ids` (None: the default taps of the target's layer count)."""
+    `model.aux_layer_ids` (None: the default taps of the target's layer count). A store that will not
+    fit on its disk is refused first (`DiskSpaceError`)."""
+    layer_ids = resolve_aux_layer_ids(read_config(model_dir), aux_layer_ids)
+    check_store_fits(shard, out_store, model_dir, len(layer_ids), settings.storage)
     common = dict(
-        layer_ids=resolve_aux_layer_ids(read_config(model_dir), aux_layer_ids),
+        layer_ids=layer_ids,
         dtype=settings.dtype,
         storage=settings.storage,
         chunk_tokens=settings.chunk_tokens,

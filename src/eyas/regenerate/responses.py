@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from eyas.config import RegenerateSettings, SglangSettings
 from eyas.core.atomic import atomic_file
+from eyas.core.logs import Progress, heartbeat
 from eyas.data.formats import sample_id
 from eyas.data.tokenize import SampleRejected, read_prepared, render_prompt
 
@@ -99,6 +100,7 @@ class HFGenerator:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[list[int]] = [[] for _ in prompts]
         batches = _batches(order, self.batch_size)
+        lines = Progress(log, "regenerate", len(prompts), "prompts")
         for batch in tqdm(batches, desc="regenerate", unit="batch", disable=len(batches) < 2):
             outputs = generate_batch(
                 self.model,
@@ -109,6 +111,7 @@ class HFGenerator:
             )
             for i, tokens in zip(batch, outputs, strict=True):
                 results[i] = tokens
+            lines.update(len(batch))
         return results
 
 
@@ -122,7 +125,9 @@ class SglangGenerator:
     def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
         if not prompts:
             return []
-        outputs = self.engine.generate(input_ids=prompts, sampling_params=self.sampling)
+        # One call holds every prompt (the engine batches them itself): a heartbeat shows it is alive.
+        with heartbeat(log, f"regenerate: {len(prompts)} prompts in the engine"):
+            outputs = self.engine.generate(input_ids=prompts, sampling_params=self.sampling)
         return [_cut_at_eos(out["output_ids"], self.eos) for out in outputs]
 
 

@@ -34,6 +34,7 @@ from torch import nn
 
 from eyas.config import TrainSettings
 from eyas.core.atomic import atomic_dir
+from eyas.core.diskspace import check_fits, gib
 from eyas.model.drafter import Eagle3Drafter
 from eyas.train import distributed
 
@@ -100,6 +101,22 @@ class CheckpointError(RuntimeError):
 
 class CheckpointInvalid(Exception):
     """A checkpoint on disk fails verification; the message names the file and what is wrong."""
+
+
+# On disk at once while a checkpoint is written: the new one, the latest and the previous (removed only
+# once the new one is complete), besides the best epoch's weights and the output's.
+CHECKPOINTS_ON_DISK = 3
+
+
+def checkpoint_bytes(model: nn.Module) -> int:
+    """A checkpoint's size: the drafter's weights and AdamW's two moments of each trained weight."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    moments = sum(2 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return weights + moments
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
 def previous_dir(path: Path) -> Path:
@@ -299,6 +316,20 @@ class Checkpointer:
         """(directory, step) of the newest checkpoint this run saved or resumed from."""
         self.latest_is_bad = False
         """The checkpoint at `dir` failed verification (the next save sets it aside, see `find`)."""
+
+    def check_disk(self, model: nn.Module) -> None:
+        """Rank 0: refuse (`DiskSpaceError`) a run whose checkpoints and outputs will not fit beside
+        `out_dir`; what earlier runs left there (resumed from, replaced) counts as already taken."""
+        if not self.world.main:
+            return
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        need = CHECKPOINTS_ON_DISK * checkpoint_bytes(model) + 2 * weights
+        dirs = (self.dir, previous_dir(self.dir), self.best_dir, self.out_dir)
+        need -= sum(_dir_bytes(d) for d in dirs)
+        what = (
+            f"train: {CHECKPOINTS_ON_DISK} checkpoints of {gib(checkpoint_bytes(model))} and 2 drafter copies"
+        )
+        check_fits(self.dir, need, what)
 
     def find(self) -> tuple[Path, dict] | None:
         """(directory, train state) of a checkpoint this run can resume from, or None. A latest

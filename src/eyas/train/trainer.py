@@ -321,6 +321,7 @@ def start_session(
     run = RunState(seen=torch.zeros(len(loader.samples), dtype=torch.int32))
     checkpointer = Checkpointer(out_dir, fp, extra, world)
     found = checkpointer.find()
+    checkpointer.check_disk(model)
     if found is not None:  # weights before they are spread over the ranks
         checkpointer.load_weights(model, found, device)
     spread = spread_over_ranks(model, settings.parallel, world, device)
