@@ -1,9 +1,16 @@
 """One benchmark case in a fresh interpreter, so that no state (CUDA caches, cuDNN plans, the allocator,
 torch's thread pool) carries from one case to the next; shared by bench/train.py and
-bench/train_shapes.py."""
+bench/train_shapes.py.
+
+    .venv/bin/python bench/child.py MODULE FUNCTION [--kwargs JSON] [--threads N]
+
+runs one case by hand (e.g. `train case_baseline --kwargs '{"device_name": "cpu"}'`) and prints its JSON
+result.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -26,3 +33,17 @@ def run_in_child(module: str, function: str, kwargs: dict, threads: int | None =
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
     status = "oom" if "out of memory" in proc.stderr.lower() else "failed"
     return {"error": status, "detail": tail[0][:400]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Run one bench case (MODULE.FUNCTION) in a fresh interpreter.")
+    ap.add_argument("module", help="a module of bench/, e.g. train")
+    ap.add_argument("function", help="the function of that module to call")
+    ap.add_argument("--kwargs", default="{}", help="its keyword arguments, as a JSON object")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads in the child")
+    args = ap.parse_args()
+    print(json.dumps(run_in_child(args.module, args.function, json.loads(args.kwargs), args.threads)))
+
+
+if __name__ == "__main__":
+    main()

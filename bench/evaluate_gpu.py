@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from eyas.core.acceptance import max_prompt_tokens
 from eyas.core.atomic import atomic_file
 from eyas.evaluate.drafters import untrained_like
 from eyas.evaluate.sets import load_prompt_set
@@ -52,7 +53,7 @@ def main() -> None:
     drafters = {"trained": trained}
     if not args.no_untrained:
         drafters["untrained"] = untrained_like(trained, args.model)
-    max_prompt = trained.config.max_position_embeddings - args.max_new_tokens - 2 * max(args.k)
+    max_prompt = max_prompt_tokens(trained.config.max_position_embeddings, args.max_new_tokens, args.k)
     results = []
     for item in args.set:
         name, _, path = item.partition("=")

@@ -19,7 +19,7 @@ The noise floor is HF-bf16's own distance to fp32.
 SGLang alone, SGLang with aux capture switched on but no eyas hook (what SGLang itself pays to keep
 the taps), and the eyas extract stage (hook, device encode, copy, compression, disk). `--dummy
 llama-8b` writes a Llama-3.1-8B config.json under W and starts SGLang with `load_format: dummy`
-(random weights, through `extract.sglang.engine_args`): the speed of a GPU-bound target without its
+(random weights, through `sglang.engine_args`): the speed of a GPU-bound target without its
 16 GB of weights.
 """
 
@@ -158,6 +158,7 @@ def step_speed(args) -> None:
     import sglang
     from sglang.srt.entrypoints.engine import Engine
 
+    from eyas.config import SglangSettings
     from eyas.core.layer_ids import sglang_layer_ids, text_model_type
     from eyas.extract.sglang_backend import capture_route, engine_args, extract_shard_sglang
     from eyas.model.target import read_config
@@ -175,18 +176,18 @@ def step_speed(args) -> None:
     layer_ids = _layer_ids(str(model))
     route = capture_route(sglang.__version__)
     sglang_ids = sglang_layer_ids(text_model_type(read_config(str(model))), layer_ids)
-    settings = {
-        "tp_size": 1,
-        "mem_fraction_static": 0.7,
-        "chunked_prefill_size": args.budget,
-        "attention_backend": args.attention,
-        "requests_per_call": 4096,
-        "engine_args": extra,
-    }
+    settings = SglangSettings(
+        tp_size=1,
+        mem_fraction_static=0.7,
+        chunked_prefill_size=args.budget,
+        attention_backend=args.attention,
+        requests_per_call=4096,
+        engine_args=extra,
+    )
     capture = engine_args(route, sglang_ids, settings, str(model), "bfloat16", False)
     plain = {k: v for k, v in capture.items() if k not in CAPTURE_ARGS}
     tokens = int(shard.sample_offsets[-1])
-    per_call = settings["requests_per_call"]
+    per_call = settings.requests_per_call
     info = {"sglang_version": sglang.__version__, "route": route, "model": str(model), "tokens": tokens}
     info["plain_seconds"] = _timed_engine(Engine, plain, requests, per_call)
 
@@ -235,6 +236,7 @@ def _repeated_shard(src: str, dst: Path, tokens: int) -> str:
 def step_sglang(args) -> None:
     import sglang
 
+    from eyas.config import SglangSettings
     from eyas.extract.sglang_backend import extract_shard_sglang
     from eyas.store import read_token_shard
 
@@ -246,13 +248,13 @@ def step_sglang(args) -> None:
     runs = [("sglang", args.budget, args.shard), ("sglang-chunked", args.chunk, args.shard)]
     runs.append(("sglang-big", args.budget, big))
     for name, chunk, source in runs:
-        settings = {
-            "tp_size": 1,
-            "mem_fraction_static": 0.7,
-            "chunked_prefill_size": chunk,
-            "attention_backend": args.attention,
-            "requests_per_call": 4096,
-        }
+        settings = SglangSettings(
+            tp_size=1,
+            mem_fraction_static=0.7,
+            chunked_prefill_size=chunk,
+            attention_backend=args.attention,
+            requests_per_call=4096,
+        )
         info[name] = extract_shard_sglang(
             source,
             str(args.work / f"{name}.zarr"),

@@ -26,6 +26,8 @@ rule fetch_data:
         data="results/assets/data/{name}",
     log:
         "results/logs/fetch_data/{name}.log",
+    benchmark:
+        "results/benchmarks/fetch_data/{name}.tsv"
     conda:
         "../envs/eyas.yaml"
     resources:
@@ -42,6 +44,8 @@ rule fetch_humaneval:
         problems="results/assets/eval/humaneval.jsonl",
     log:
         "results/logs/fetch_humaneval.log",
+    benchmark:
+        "results/benchmarks/fetch_humaneval.tsv"
     conda:
         "../envs/eyas.yaml"
     resources:

@@ -35,6 +35,7 @@ STAGE_VERSION = {
     "export": 2,
     "validate": 1,
     "regenerate": 2,
+    "prompts": 1,
 }
 
 
@@ -51,18 +52,27 @@ def model_dir():
     return EYAS.model.source
 
 
+TARGET_PROMPTS = "results/prompts/target.jsonl"  # the `target` data source, written by the prompts rule
+
+
+def asset_path(path):
+    """A config path: `llamafactory:<name>` is the fetched file, anything else a local file."""
+    if path.startswith(LLAMAFACTORY_PREFIX):
+        return f"results/assets/data/{path.removeprefix(LLAMAFACTORY_PREFIX)}"
+    return path
+
+
 def data_paths():
-    paths = []
-    for item in EYAS.data.inputs:
-        if item.path.startswith(LLAMAFACTORY_PREFIX):
-            paths.append(f"results/assets/data/{item.path.removeprefix(LLAMAFACTORY_PREFIX)}")
-        else:
-            paths.append(item.path)
-    return paths
+    return [TARGET_PROMPTS if item.source == "target" else asset_path(item.path) for item in EYAS.data.inputs]
 
 
 def data_formats():
-    return [item.format for item in EYAS.data.inputs]
+    """Each input's record format for prepare; the target's prompts await their answers."""
+    return ["prompts" if item.source == "target" else item.format for item in EYAS.data.inputs]
+
+
+def prompt_tool_files():
+    return [asset_path(path) for path in EYAS.prompts.tool_files]
 
 
 def num_shards(split):
@@ -95,18 +105,47 @@ def use_gpu(device):
     return 1 if device == "cuda" else 0
 
 
+# Cores a GPU job takes per GPU: what feeds the GPU (the loader's Blosc decode, ~4 cores per GB/s,
+# docs/scale.md; as the SLURM profile's 8), not every core, so CPU stages run beside GPU jobs.
+GPU_JOB_CORES = 8
+
+
+def job_threads(gpus, per_gpu=GPU_JOB_CORES):
+    """A job's cores: on the CPU every core (the work itself runs there), on GPUs `per_gpu` each."""
+    if gpus == 0:
+        return all_cores()
+    return max(1, min(all_cores(), per_gpu * gpus))
+
+
 def extract_gpus():
     """GPUs per extraction job: the SGLang engine's tensor-parallel size, else one on CUDA."""
     if EYAS.extract.backend == "sglang":
-        return EYAS.extract.sglang.tp_size
+        return EYAS.sglang.tp_size
     return use_gpu(EYAS.extract.device)
 
 
 def regenerate_gpus():
     """GPUs of a regenerate job: the SGLang engine's tensor-parallel size, else one on CUDA."""
     if EYAS.regenerate.backend == "sglang":
-        return EYAS.extract.sglang.tp_size
+        return EYAS.sglang.tp_size
     return use_gpu(EYAS.regenerate.device)
+
+
+def prompt_gpus():
+    """GPUs of the prompts job: as regenerate's, for the prompts backend and device."""
+    if EYAS.prompts.backend == "sglang":
+        return EYAS.sglang.tp_size
+    return use_gpu(EYAS.prompts.device)
+
+
+def specdec_threads():
+    """One job per set, the cores split between them on the CPU: CPU decoding is memory-latency bound
+    (SmolLM2-135M on the idle 2-core VM, bench/decode_parallel.py: 1 process decodes 17.9 tok/s with 1
+    thread and with 2; two 1-thread processes side by side 17.4 tok/s each, 34.8 together). On a GPU,
+    2 cores: the decode loop runs on the GPU."""
+    if use_gpu(EYAS.evaluate.device):
+        return job_threads(1, per_gpu=2)
+    return max(1, all_cores() // len(EYAS.evaluate.sets))
 
 
 # --------------------------------------------------------------------------- regenerate / evaluation inputs
@@ -142,6 +181,15 @@ def eval_set_format(wildcards):
     return eval_set_formats().get(wildcards.set)
 
 
+def specdec_settings(wildcards):
+    """The evaluate section as set `{set}`'s specdec job sees it: `sets` holds that set alone, so adding
+    or removing another set leaves this job's params (a rerun trigger) as they were."""
+    settings = dataclasses.asdict(EYAS.evaluate)
+    names = EYAS.evaluate.set_names
+    settings["sets"] = [s for s, name in zip(settings["sets"], names) if name == wildcards.set]
+    return settings
+
+
 def eval_set_path(wildcards):
     """The prompt file of evaluation set `{set}`."""
     return eval_set_files()[wildcards.set]
@@ -165,21 +213,35 @@ def served_json():
 
 
 def benchmark_files():
-    """The `benchmark:` files of the stages, for the throughput table."""
-    files = [
-        "results/benchmarks/prepare.tsv",
-        "results/benchmarks/train.tsv",
-        "results/benchmarks/evaluate.tsv",
+    """The `benchmark:` file of every job the final outputs need, in pipeline order (the throughput
+    table and figure: one row per stage)."""
+    bench = "results/benchmarks"
+    files = [f"{bench}/fetch_model.tsv"] if EYAS.model.source == DEFAULT_MODEL_SOURCE else []
+    demo_files = [item.path for item in EYAS.data.inputs if item.source == "file"]
+    if TARGET_PROMPTS in data_paths():
+        demo_files += EYAS.prompts.tool_files
+    files += [
+        f"{bench}/fetch_data/{path.removeprefix(LLAMAFACTORY_PREFIX)}.tsv"
+        for path in dict.fromkeys(demo_files)
+        if path.startswith(LLAMAFACTORY_PREFIX)
     ]
-    if EYAS.model.source == DEFAULT_MODEL_SOURCE:
-        files.append("results/benchmarks/fetch_model.tsv")
-    for split in SPLITS:
-        files.append(f"results/benchmarks/tokenize/{split}.tsv")
-        files += [f"results/benchmarks/extract/{split}-{i:05d}.tsv" for i in range(num_shards(split))]
+    if "humaneval" in EYAS.evaluate.set_names:
+        files.append(f"{bench}/fetch_humaneval.tsv")
+    if TARGET_PROMPTS in data_paths():
+        files.append(f"{bench}/prompts.tsv")
+    files.append(f"{bench}/prepare.tsv")
+    if EYAS.regenerate.enabled:
+        files += [f"{bench}/regenerate/{split}.tsv" for split in SPLITS]
+    files += [f"{bench}/tokenize/{split}.tsv" for split in SPLITS]
+    files.append(f"{bench}/vocab.tsv")
+    for stage in ("extract", "validate"):
+        files += [f"{bench}/{stage}/{s}-{i:05d}.tsv" for s in SPLITS for i in range(num_shards(s))]
+    files += [f"{bench}/train.tsv", f"{bench}/export_sglang.tsv", f"{bench}/export_speculators.tsv"]
     if uses_hf_evaluation():
-        files += [f"results/benchmarks/specdec/{name}.tsv" for name in EYAS.evaluate.set_names]
+        files += [f"{bench}/specdec/{name}.tsv" for name in EYAS.evaluate.set_names]
     if served_json():
-        files.append("results/benchmarks/served.tsv")
+        files.append(f"{bench}/served.tsv")
+    files.append(f"{bench}/evaluate.tsv")
     return files
 
 

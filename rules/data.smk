@@ -60,6 +60,8 @@ rule vocab:
         stats="results/vocab/vocab.json",
     log:
         "results/logs/vocab.log",
+    benchmark:
+        "results/benchmarks/vocab.tsv"
     conda:
         "../envs/eyas.yaml"
     resources:

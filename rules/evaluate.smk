@@ -15,16 +15,13 @@ rule specdec:
         "results/benchmarks/specdec/{set}.tsv"
     conda:
         "../envs/eyas.yaml"
-    # One job per set, the cores split between them: CPU decoding is memory-latency bound (SmolLM2-135M
-    # on the idle 2-core VM, bench/decode_parallel.py: 1 process decodes 17.9 tok/s with 1 thread and
-    # with 2; two 1-thread processes side by side 17.4 tok/s each, 34.8 together).
-    threads: max(1, all_cores() // len(EYAS.evaluate.sets))
+    threads: specdec_threads()
     resources:
         gpu=use_gpu(EYAS.evaluate.device),
         mem_mb=4000,  # fp32 target + drafters + KV caches; default job: max RSS 1.3 GB per set
         runtime=60,  # minutes; the default job's sets take 3-4 min each on 1 CPU core
     params:
-        settings=dataclasses.asdict(EYAS.evaluate),
+        settings=specdec_settings,
         set_format=eval_set_format,
         baseline_names=[b.name for b in EYAS.evaluate.baselines],
         trust_remote_code=EYAS.model.trust_remote_code,
@@ -52,12 +49,12 @@ rule served:
     # drafter at each k in turn (SmolLM2 on an H200: each engine starts in ~55 s; bench/README.md).
     threads: 2
     resources:
-        gpu=EYAS.extract.sglang.tp_size,
+        gpu=EYAS.sglang.tp_size,
         mem_mb=16000,  # the job process: tokenizer, drafters for the exports; the engine lives on the GPUs
         runtime=120,
     params:
         settings=dataclasses.asdict(EYAS.evaluate),
-        engine_settings=dataclasses.asdict(EYAS.extract.sglang),
+        engine_settings=dataclasses.asdict(EYAS.sglang),
         set_names=EYAS.evaluate.set_names,
         set_formats=eval_set_formats(),
         baseline_names=[b.name for b in EYAS.evaluate.baselines],
@@ -85,7 +82,7 @@ rule evaluate:
         "results/benchmarks/evaluate.tsv"
     conda:
         "../envs/eyas.yaml"
-    threads: all_cores()
+    threads: job_threads(use_gpu(EYAS.evaluate.device))
     resources:
         gpu=use_gpu(EYAS.evaluate.device),
         mem_mb=3000,  # offline metrics over the held-out stores: 1.3 GB max RSS in the default job

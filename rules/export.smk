@@ -9,6 +9,8 @@ rule export_sglang:
         export=directory("results/export/sglang"),
     log:
         "results/logs/export_sglang.log",
+    benchmark:
+        "results/benchmarks/export_sglang.tsv"
     conda:
         "../envs/eyas.yaml"
     resources:
@@ -29,6 +31,8 @@ rule export_speculators:
         export=directory("results/export/speculators"),
     log:
         "results/logs/export_speculators.log",
+    benchmark:
+        "results/benchmarks/export_speculators.tsv"
     conda:
         "../envs/eyas.yaml"
     resources:

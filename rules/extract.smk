@@ -21,6 +21,7 @@ rule extract:
     params:
         layer_ids=EYAS.model.aux_layer_ids,
         settings=dataclasses.asdict(EYAS.extract),
+        engine_settings=dataclasses.asdict(EYAS.sglang),
         model_id=EYAS.model_id,
         trust_remote_code=EYAS.model.trust_remote_code,
         version=STAGE_VERSION["extract"],

@@ -14,16 +14,50 @@ rule regenerate:
         "results/benchmarks/regenerate/{split}.tsv"
     conda:
         "../envs/eyas.yaml"
-    threads: all_cores()
+    threads: job_threads(regenerate_gpus(), per_gpu=2)  # on GPUs: the client and its tokenizer
     resources:
         gpu=regenerate_gpus(),
         mem_mb=8000,  # the target + a batch's KV cache (batch_size x (prompt + max_new_tokens))
         runtime=240,
     params:
         settings=dataclasses.asdict(EYAS.regenerate),
-        engine_settings=dataclasses.asdict(EYAS.extract.sglang),
+        engine_settings=dataclasses.asdict(EYAS.sglang),
         max_length=EYAS.tokenize.max_length,
         trust_remote_code=EYAS.model.trust_remote_code,
         version=STAGE_VERSION["regenerate"],
     script:
         "../scripts/regenerate.py"
+
+
+# The `target` data source (data.inputs `{source: target}`): user turns the target writes itself.
+rule prompts:
+    input:
+        model=model_dir(),
+        tool_files=prompt_tool_files(),
+    output:
+        prompts="results/prompts/target.jsonl",
+        rejects="results/prompts/target.rejects.jsonl",
+        stats="results/prompts/target.stats.json",
+    log:
+        "results/logs/prompts.log",
+    benchmark:
+        "results/benchmarks/prompts.tsv"
+    conda:
+        "../envs/eyas.yaml"
+    threads: all_cores()
+    resources:
+        gpu=prompt_gpus(),
+        mem_mb=8000,  # the target + a batch's KV cache (batch_size x (prompt + max_new_tokens))
+        runtime=240,
+    params:
+        settings=dataclasses.asdict(EYAS.prompts),
+        # answers between user turns (turns > 1): only these two regenerate settings apply
+        answer_settings={
+            "max_new_tokens": EYAS.regenerate.max_new_tokens,
+            "temperature": EYAS.regenerate.temperature,
+        },
+        engine_settings=dataclasses.asdict(EYAS.sglang),
+        trust_remote_code=EYAS.model.trust_remote_code,
+        version=STAGE_VERSION["prompts"],
+    script:
+        "../scripts/prompts.py"

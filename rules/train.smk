@@ -20,7 +20,7 @@ rule train:
         "results/benchmarks/train.tsv"
     conda:
         "../envs/eyas.yaml"
-    threads: all_cores()
+    threads: job_threads(use_gpu(EYAS.train.device) * EYAS.train.nproc)
     resources:
         gpu=use_gpu(EYAS.train.device) * EYAS.train.nproc,  # one GPU per torchrun process
         mem_mb=8000,  # drafter + optimizer (~0.2 GB at H=576) + target embedding/head + batches

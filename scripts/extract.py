@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from eyas.config import ExtractSettings, stage_settings
+from eyas.config import ExtractSettings, SglangSettings, stage_settings
 from eyas.core.gpus import claim_gpus
 from eyas.core.logs import setup_stage_logging
 from eyas.extract.stage import run_extract
@@ -18,6 +18,7 @@ def main(sm) -> None:
         sm.output.store,
         sm.input.model,
         stage_settings(ExtractSettings, sm.params.settings),
+        engine_settings=stage_settings(SglangSettings, sm.params.engine_settings),
         aux_layer_ids=sm.params.layer_ids,
         model_id=sm.params.model_id,
         trust_remote_code=sm.params.trust_remote_code,

@@ -20,7 +20,7 @@ def main(sm) -> None:
         sm.output.stats,
         sm.input.model,
         settings=stage_settings(RegenerateSettings, sm.params.settings),
-        engine_settings=stage_settings(SglangSettings, sm.params.engine_settings),  # extract.sglang
+        engine_settings=stage_settings(SglangSettings, sm.params.engine_settings),
         max_length=sm.params.max_length,
         trust_remote_code=sm.params.trust_remote_code,
     )

@@ -40,24 +40,11 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A random 4-layer Llama (hidden 64) with SmolLM2's tokenizer, saved as an HF dir."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from modelkit import tiny_llama_config
+    from transformers import LlamaForCausalLM
 
     out = tmp_path_factory.mktemp("tiny_model")
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
+    config = tiny_llama_config()
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     model.save_pretrained(out)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from modelkit import tiny_drafter_config
 
 from eyas.model import drafter as drafter_module
 from eyas.model.drafter import DrafterCache, DrafterConfig, Eagle3Drafter, tree_attention
@@ -13,22 +14,7 @@ from eyas.model.drafter import DrafterCache, DrafterConfig, Eagle3Drafter, tree_
 torch.set_num_threads(1)
 
 
-def tiny_config(**overrides) -> DrafterConfig:
-    base = dict(
-        hidden_size=32,
-        intermediate_size=48,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-        vocab_size=100,
-        draft_vocab_size=40,
-        aux_layer_ids=[1, 2, 5],
-    )
-    base.update(overrides)
-    return DrafterConfig(**base)
+tiny_config = tiny_drafter_config  # the name the drafter tests use
 
 
 MLA_LAYER = dict(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from figkit import assert_figure_png
 
 from eyas.config import EvaluateSettings
 from eyas.evaluate.drafters import _load_baseline
@@ -132,7 +133,7 @@ def test_per_set_jsons_merge_into_the_summary(specdec_run, tiny_model_dir):
     assert summary["headline"]["tau"] == results["heldout"]["reports"]["trained"]["tau"]
     assert summary["headline"]["greedy_equal"] is True
     assert summary["offline_by_drafter"]["trained"]["num_samples"] == 2
-    assert (root / "eval" / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_figure_png(root / "eval" / "acceptance.png", (10, 4))
 
 
 def test_merge_refuses_a_set_made_with_another_drafter_or_settings(specdec_run, tiny_model_dir, tmp_path):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from modelkit import tiny_drafter_config as tiny_config
 from safetensors.torch import load_file
-from test_drafter import tiny_config  # tests/ is on sys.path (rootdir conftest, no package)
 
 from eyas.core.provenance import model_hash
 from eyas.export import (

@@ -36,3 +36,103 @@ def test_sigusr1_writes_stacks_into_the_log_and_the_job_goes_on(tmp_path):
     assert "eyas.probe INFO started" in text
     assert "busy_in_a_named_function" in text  # the frame the signal interrupted
     assert text.index("busy_in_a_named_function") < text.index("still running")
+
+
+# What an engine start does to logging, as SGLang's `configure_logger` (sglang/srt/utils/common.py) does
+# it: the root reset to WARNING (basicConfig force=True), or a dictConfig that disables unlisted loggers.
+ENGINE_RESET = textwrap.dedent(
+    """
+    import logging, logging.config, sys
+    from eyas.core.logs import keep_stage_logging, setup_stage_logging
+
+    log = setup_stage_logging(sys.argv[1], "probe")
+    module_log = logging.getLogger("eyas.regenerate")  # a module's logger, made before the reset
+    log.info("before the engine")
+    logging.basicConfig(level=logging.WARNING, format="[%(asctime)s] %(message)s", force=True)
+    log.info("after a root reset")
+    module_log.info("module line after a root reset")
+    logging.config.dictConfig({"version": 1, "root": {"level": "WARNING"}})
+    keep_stage_logging()
+    log.info("after a dictConfig, re-asserted")
+    module_log.info("module line after a dictConfig")
+    """
+)
+
+
+def test_eyas_lines_survive_an_engine_resetting_the_root_logger(tmp_path):
+    log_path = tmp_path / "stage.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", ENGINE_RESET, str(log_path)], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = ("before the engine", "after a root reset", "module line after a root reset")
+    lines += ("after a dictConfig, re-asserted", "module line after a dictConfig")
+    for line in lines:
+        assert f"eyas.probe INFO {line}" in log_path.read_text(), line
+        assert f"eyas.probe INFO {line}" in proc.stderr, line  # and on the terminal
+    assert log_path.read_text().count("INFO after a root reset\n") == 1  # once: not through the root too
+
+
+def test_progress_and_heartbeat_lines(caplog):
+    import logging
+    import time
+
+    from eyas.core.logs import Progress, heartbeat
+
+    log = logging.getLogger("eyas.test_progress")
+    log.propagate = True  # caplog listens on the root
+    caplog.set_level(logging.INFO, logger="eyas.test_progress")
+    progress = Progress(log, "extract x", total=300, unit="tok", every=3600)
+    progress.update(100)  # not yet: less than `every` since the last line, not done
+    progress.update(200)
+    with heartbeat(log, "regenerate: 4 prompts in the engine", every=0.05):
+        time.sleep(0.3)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith("extract x: 300 / 300 tok (100%)"), messages
+    beats = [m for m in messages[1:] if m.startswith("regenerate: 4 prompts in the engine: running for")]
+    assert len(beats) >= 2 and len(beats) == len(messages) - 1, messages
+
+
+CHILD = textwrap.dedent(
+    """
+    import logging, multiprocessing, sys
+    from eyas.core.logs import child_stage_logging, setup_stage_logging
+
+    def scheduler():  # as eyas's run_scheduler_process_func wrappers do in a spawned engine process
+        child_stage_logging()
+        logging.basicConfig(level=logging.INFO, format="[child] %(message)s", force=True)
+        logging.getLogger("sglang.scheduler").info("Prefill batch, #new-token: 12")
+        logging.getLogger("eyas.sglang").info("hook installed")
+        print("child stdout", flush=True)
+
+    if __name__ == "__main__":
+        log = setup_stage_logging(sys.argv[1], "probe")
+        log.info("parent before")
+        child = multiprocessing.get_context("spawn").Process(target=scheduler)
+        child.start()
+        child.join()
+        log.info("parent after")
+    """
+)
+
+
+def test_engine_processes_append_to_the_stage_log(tmp_path):
+    script, log_path = tmp_path / "job.py", tmp_path / "stage.log"
+    script.write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(log_path)], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = log_path.read_text()
+    order = [
+        "parent before",
+        "Prefill batch, #new-token: 12",
+        "hook installed",
+        "child stdout",
+        "parent after",
+    ]
+    positions = [text.find(line) for line in order]
+    assert -1 not in positions and positions == sorted(positions), text
+    assert "eyas.probe." in text.split("hook installed")[0].splitlines()[-1]  # the child's pid in its name

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from eyas.train.loss import simulated_tau, step_loss_mask, teacher_from_final, ttt_loss
+from eyas.core.acceptance import simulated_tau
+from eyas.train.loss import step_loss_mask, teacher_from_final, ttt_loss
 
 
 def ones(t: int) -> torch.Tensor:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from eyas.data.formats import REJECT_REASONS, RecordRejected, content_hash, normalize_record
-from eyas.data.prepare import MAX_REJECT_RECORD_CHARS, InputFileError, assign_splits, prepare
+from eyas.data.prepare import MAX_REJECT_RECORD_CHARS, assign_splits, prepare
+from eyas.data.readers import InputFileError
 
 RAW = Path(__file__).parent / "data" / "raw"
 
@@ -138,7 +139,7 @@ def test_bad_inputs_rejected_with_reasons(tmp_path):
 def test_huge_reject_record_is_truncated(tmp_path):
     path = tmp_path / "big.jsonl"
     path.write_text(json.dumps({"conversations": [{"from": "human", "value": "x" * 10_000}]}) + "\n")
-    _, rows = run_prepare(tmp_path, [(path, "auto")])
+    _, rows = run_prepare(tmp_path, [(path, "auto"), (RAW / "sharegpt.jsonl", "auto")])
     (reject,) = rows["rejects"]
     assert reject["reason"] == "no_assistant_turn"
     assert isinstance(reject["record"], str) and len(reject["record"]) < MAX_REJECT_RECORD_CHARS + 50

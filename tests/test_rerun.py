@@ -116,3 +116,48 @@ def test_killed_snakemake_marks_the_job_incomplete_and_rerun_incomplete_redoes_i
     snakemake(workdir, STORE)
     assert aux(workdir) == before
     assert planned_jobs(snakemake(workdir, "-n", STORE)) == {}
+
+
+# --------------------------------------------------------------------------- evaluation sets, one job each
+SUMMARY = "results/eval/summary.json"
+
+
+def _sets_config(workdir: Path, *names: str) -> str:
+    sets = ", ".join(["heldout", *(f"{{name: {n}, path: {n}.jsonl, format: alpaca}}" for n in names)])
+    path = workdir / f"sets-{'-'.join(names) or 'none'}.yaml"
+    path.write_text(f"evaluate: {{sets: [{sets}]}}\n")
+    return str(path)
+
+
+def _dry_run(workdir: Path, config: str, *args: str) -> str:
+    cmd = [sys.executable, "-m", "snakemake", "-d", str(workdir), "--configfile", config, "--cores", "2"]
+    result = subprocess.run([*cmd, *args, SUMMARY], cwd=REPO, capture_output=True, text=True)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    return output
+
+
+def test_adding_or_removing_a_set_reruns_only_its_job_and_the_merge(tmp_path):
+    """Every job up to the summary recorded as done (`--touch`, on stand-in outputs: Snakemake keeps the
+    params it would rerun on), then a set added: its specdec job and the merge are planned, not the other
+    sets' jobs ("params have changed" was the reason before); a set removed: only the merge."""
+    for name in ("mine", "other"):
+        (tmp_path / f"{name}.jsonl").write_text('{"instruction": "Say hi", "output": "Hi"}\n')
+    config = _sets_config(tmp_path, "mine")
+    outputs = set()
+    for line in _dry_run(tmp_path, config, "-n", "--forceall").splitlines():
+        if line.startswith("    output: "):
+            outputs.update(line.removeprefix("    output: ").split(", "))
+    for output in outputs:  # directory() outputs (model, token shards, stores, drafter) have no suffix
+        path = tmp_path / output
+        if path.suffix in (".json", ".jsonl", ".csv", ".safetensors", ".png"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("stand-in\n")
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+    _dry_run(tmp_path, config, "--touch")
+    assert planned_jobs(_dry_run(tmp_path, config, "-n")) == {}
+    added = planned_jobs(_dry_run(tmp_path, _sets_config(tmp_path, "mine", "other"), "-n"))
+    assert added == {"specdec": 1, "evaluate": 1}, added
+    removed = planned_jobs(_dry_run(tmp_path, _sets_config(tmp_path), "-n"))
+    assert removed == {"evaluate": 1}, removed

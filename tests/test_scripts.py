@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
-ENGINE_SCRIPTS = ["extract.py", "regenerate.py", "served.py"]  # rules that may start SGLang
+ENGINE_SCRIPTS = ["extract.py", "regenerate.py", "served.py", "prompts.py"]  # rules that may start SGLang
 
 
 @pytest.mark.parametrize("name", ENGINE_SCRIPTS)

@@ -13,11 +13,11 @@ from safetensors.torch import save_file
 from test_drafter import tiny_config  # tests/ is on sys.path (rootdir conftest, no package)
 
 from eyas.config import EvaluateSettings
+from eyas.core.acceptance import acceptance_by_position, counts_from_histograms
 from eyas.evaluate.drafters import check_export
 from eyas.evaluate.report import plot_tau, tau_table
 from eyas.evaluate.served import (
     SERVED_FORMAT,
-    acceptance_by_position,
     aggregate,
     compare_to_plain,
     request_figures,
@@ -73,7 +73,9 @@ def test_accept_lengths_in_both_definitions_and_by_position():
     assert out["position_accepted"] == [3, 2, 1]
     assert out["acceptance_by_position"] == [0.5, pytest.approx(1 / 3), pytest.approx(1 / 6)]
     assert out["conditional_acceptance_by_position"] == [0.5, pytest.approx(2 / 3), 0.5]
-    assert acceptance_by_position([[0, 0]], 1)["conditional_acceptance_by_position"] == [None]
+    assert acceptance_by_position(*counts_from_histograms([[0, 0]], 1))[
+        "conditional_acceptance_by_position"
+    ] == [None]
 
 
 def test_greedy_equality_locates_each_mismatch_with_the_plain_margin():

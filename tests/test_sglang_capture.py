@@ -5,11 +5,13 @@ The same code on real sglang classes: tests/sglang/; on the GPU: tests/gpu/."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
+from eyas.config import SglangSettings
 from eyas.core.layer_ids import (
     resolve_aux_layer_ids,
     sglang_captured_inputs,
@@ -94,12 +96,9 @@ def test_untested_versions_are_refused(version):
 
 
 def test_engine_args_turn_capture_on_and_the_prefix_cache_off():
-    settings = {
-        "tp_size": 8,
-        "mem_fraction_static": 0.8,
-        "chunked_prefill_size": 4096,
-        "attention_backend": "fa3",
-    }
+    settings = SglangSettings(
+        tp_size=8, mem_fraction_static=0.8, chunked_prefill_size=4096, attention_backend="fa3"
+    )
     builtin = engine_args("builtin", [1, 29, 57], settings, "/m", "bfloat16", False)
     assert builtin["enable_return_aux_hidden_states"] and builtin["speculative_algorithm"] == "EAGLE3"
     assert builtin["return_aux_hidden_state_layer_ids"] == [1, 29, 57]
@@ -107,25 +106,25 @@ def test_engine_args_turn_capture_on_and_the_prefix_cache_off():
         builtin["disable_radix_cache"] and builtin["tp_size"] == 8 and builtin["attention_backend"] == "fa3"
     )
     older = engine_args(
-        "scheduler", [1, 29, 57], settings | {"attention_backend": None}, "/m", "bfloat16", False
+        "scheduler", [1, 29, 57], replace(settings, attention_backend=None), "/m", "bfloat16", False
     )
     assert "speculative_algorithm" not in older and "attention_backend" not in older
     assert older["disable_radix_cache"]
 
 
 def test_user_engine_args_pass_through_but_never_override_capture():
-    settings = {"tp_size": 8, "mem_fraction_static": 0.8, "chunked_prefill_size": 4096}
+    settings = SglangSettings(tp_size=8, mem_fraction_static=0.8, chunked_prefill_size=4096)
     extra = {"ep_size": 8, "enable_dp_attention": True, "disable_cuda_graph": False}
     args = engine_args(
-        "builtin", [1], settings | {"engine_args": extra}, "/m", "bfloat16", False, {*extra, "x"}
+        "builtin", [1], replace(settings, engine_args=extra), "/m", "bfloat16", False, {*extra, "x"}
     )
     assert args["ep_size"] == 8 and args["enable_dp_attention"] and args["disable_cuda_graph"] is False
     assert args["disable_radix_cache"] and args["enable_return_aux_hidden_states"]
     for key in ("disable_radix_cache", "return_aux_hidden_state_layer_ids", "tp_size"):
-        with pytest.raises(ValueError, match=f"extract.sglang.engine_args.{key}: set by eyas"):
-            engine_args("scheduler", [1], settings | {"engine_args": {key: 1}}, "/m", "auto", False)
+        with pytest.raises(ValueError, match=f"sglang.engine_args.{key}: set by eyas"):
+            engine_args("scheduler", [1], replace(settings, engine_args={key: 1}), "/m", "auto", False)
     with pytest.raises(ValueError, match="engine_args.ep_sise: not a ServerArgs field"):
-        typo = settings | {"engine_args": {"ep_sise": 8}}
+        typo = replace(settings, engine_args={"ep_sise": 8})
         engine_args("builtin", [1], typo, "/m", "auto", False, {"ep_size"})
 
 

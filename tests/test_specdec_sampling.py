@@ -103,20 +103,14 @@ PROMPT = [3, 7, 1, 12]
 def small_vocab(tmp_path_factory):
     """A 4-layer Llama over 16 tokens with large random weights (peaked, context-dependent p) and a
     random drafter over 10 of them with large weights (q far from p)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from modelkit import tiny_llama_config
+    from transformers import LlamaForCausalLM
 
     out = tmp_path_factory.mktemp("small_vocab")
-    config = LlamaConfig(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
+    config = tiny_llama_config(
+        vocab_size=V, hidden_size=32, intermediate_size=64, head_dim=8, max_position_embeddings=64,
+        tie_word_embeddings=False, pad_token_id=None,  # LlamaConfig's own pad (none)
+    )  # fmt: skip
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(out)
     target = load_target(out)

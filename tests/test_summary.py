@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
 import pytest
 import torch
+from figkit import assert_figure_png, series
 
 from eyas.evaluate.specdec import evaluate_specdec
-from eyas.evaluate.summary import SUMMARY_FORMAT, write_summary
+from eyas.evaluate.summary import SUMMARY_FORMAT, plot_acceptance, write_summary
 from eyas.model.drafter import DrafterConfig, Eagle3Drafter
 from eyas.model.target import read_config
 
@@ -83,13 +86,15 @@ def test_writes_json_and_png(tmp_path, reports):
     assert head["tau_by_set"] == {"heldout": {"trained": trained["tau"], "untrained": untrained["tau"]}}
     assert sorted(p.name for p in out_json.parent.iterdir()) == ["acceptance.png", "summary.json"]
 
-    data = out_plot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    import matplotlib.image
-
-    image = matplotlib.image.imread(out_plot)
-    assert image.shape == (400, 1000, 4)
-    assert float(image[..., :3].std()) > 0.05  # something was drawn
+    assert_figure_png(out_plot, (10, 4))
+    shown = plot_acceptance(on_disk, tmp_path / "again.png")  # the same figure, with what it plotted
+    assert (tmp_path / "again.png").read_bytes() == out_plot.read_bytes()
+    real = {line["label"].split(" (")[0]: line["y"] for line in series(shown, "Real speculative")["lines"]}
+    for name, report in (("trained", trained), ("untrained", untrained)):
+        want = [math.nan if a is None else a for a in report["acceptance_by_position"]]
+        np.testing.assert_equal(real[name], want)  # NaN where a position was never attempted
+    offline = {line["label"]: line["y"] for line in series(shown, "Offline")["lines"]}
+    assert offline["accuracy"][:2] == [0.6, 0.5] and math.isnan(offline["accuracy"][2])
 
 
 def test_mismatches_and_nan_are_reported(tmp_path, reports):

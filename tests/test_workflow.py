@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import zarr
 from dryrun import planned_jobs
+from figkit import assert_figure_png
 from safetensors import safe_open
 
 pytestmark = pytest.mark.workflow
@@ -76,10 +77,13 @@ def test_full_run_then_nothing_to_do(workdir):
     headline = summary["headline"]
     assert headline["greedy_equal"] is True and headline["greedy_mismatches"] == 0
     assert headline["tau"] >= 1.0 and headline["tau_untrained"] >= 1.0
-    assert (results / "eval" / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_figure_png(results / "eval" / "acceptance.png", (10, 4))
     assert set(headline["tau_by_set"]) == {"heldout", "humaneval"}
     assert all(t >= 1.0 for taus in headline["tau_by_set"].values() for t in taus.values())
-    for name in ("tau.png", "loss.png", "throughput.png", "tau_table.tsv", "throughput.tsv"):
+    assert_figure_png(results / "eval" / "loss.png", (10, 4))
+    assert_figure_png(results / "eval" / "throughput.png", (10, 4))
+    assert_figure_png(results / "eval" / "tau.png", (10, 4))  # the HF backend only: no served panels
+    for name in ("tau_table.tsv", "throughput.tsv"):
         assert (results / "eval" / name).stat().st_size > 0, name
     rows = [line.split("\t") for line in (results / "eval" / "throughput.tsv").read_text().splitlines()]
     assert rows[0][:2] == ["stage", "jobs"] and ["specdec", "2"] in [r[:2] for r in rows]  # both sets' jobs

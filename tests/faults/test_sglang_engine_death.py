@@ -49,7 +49,7 @@ except ImportError:
     )
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "sglang"))
-from test_capture_hook import LENGTHS, PREFIX, _batch, _runner, _spec, _states  # noqa: E402
+from test_capture_hook import LENGTHS, PREFIX, H, K, _batch, _runner, _spec, _states  # noqa: E402
 
 from eyas.extract.sglang_backend import install_capture, request_rid  # noqa: E402
 from eyas.store import HiddenStore, write_token_shard  # noqa: E402
@@ -66,23 +66,10 @@ KILL_AFTER = 3  # batches done before the scheduler dies: samples 0 and 3 whole,
 
 def _scheduler(spec, samples, batches: int, ready: Path | None) -> None:
     """A scheduler process: the real ModelRunner class, the capture hook, `batches` forwards."""
-    from objects import logits_output, runner_output
+    from objects import standin_forward
     from sglang.srt.model_executor import model_runner as mr
 
-    def model_forward(self, forward_batch, *args, **kwargs):  # the model's arithmetic, stood in for
-        aux, last = [], []
-        for rid, start, count in zip(
-            forward_batch.rids,
-            forward_batch.extend_prefix_lens_cpu,
-            forward_batch.extend_seq_lens_cpu,
-            strict=True,
-        ):
-            sample = int(rid.removeprefix(PREFIX)) if rid.startswith(PREFIX) else None
-            a, f = _states(sample, LENGTHS[sample]) if sample is not None else _states(99, start + count)
-            aux.append(a[start : start + count])
-            last.append(f[start : start + count])
-        return runner_output(logits_output(torch.cat(aux), torch.cat(last), forward_batch.batch_size))
-
+    model_forward = standin_forward(_states, PREFIX, LENGTHS, K, H)  # the model's arithmetic
     mr.ModelRunner.forward = model_forward
     install_capture(spec)
     runner = _runner(mr.ModelRunner)
@@ -255,7 +242,7 @@ def _assert_died_clearly(run: dict, stage: str, what: str, log: Path) -> None:
     assert run["code"] == 1, run["stderr"][-3000:]
     pattern = DIED.format(stage=re.escape(stage), what=what.format(pid=run["killed"]))
     last = run["stderr"].strip().splitlines()[-1]
-    assert re.fullmatch(r"eyas\.sglang_engine\.EngineDied: " + pattern + r".*", last), last
+    assert re.fullmatch(r"eyas\.engine\.sglang\.EngineDied: " + pattern + r".*", last), last
     assert re.search(pattern, log.read_text())
 
 
@@ -394,6 +381,9 @@ def served_reference(tmp_path_factory, served_inputs) -> dict:
     root = tmp_path_factory.mktemp("served_reference")
     run = _engine_job(_served_job(served_inputs, root), root)
     assert run["code"] == 0, run["stderr"][-3000:]
+    log = (root / "served.log").read_text()
+    for k in (3, 2):  # logged once the engines ran (SGLang's configure_logger had reset the root logger)
+        assert f"served heldout / trained / k={k}: tau" in log, log[-3000:]
     result = json.loads((root / "results" / "eval" / "served.json").read_text())
     assert list(result["sets"]) == ["heldout", "humaneval"]
     assert {d: list(by_k) for d, by_k in result["sets"]["heldout"].items()} == {

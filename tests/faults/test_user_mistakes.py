@@ -37,7 +37,7 @@ def test_every_key_type_overrides_from_the_command_line(tmp_path):
             "data={max_conversations: 100, eval_fraction: 0.2}",
             "model={aux_layer_ids: [1, 14, 26], trust_remote_code: false}",
             "tokenize={train_shards: 3}",
-            "extract={sglang: {tp_size: 2, engine_args: {ep_size: 8, enable_dp_attention: true}}}",
+            "sglang={tp_size: 2, engine_args: {ep_size: 8, enable_dp_attention: true}}",
             "evaluate={sets: [heldout], baselines: []}",
         )
     )
@@ -45,12 +45,19 @@ def test_every_key_type_overrides_from_the_command_line(tmp_path):
     assert plan["specdec"] == 1  # evaluate.sets [heldout]
 
 
-def test_wrong_command_line_value_names_the_key(tmp_path, ledger):
-    with ledger.case(
-        "bad_input", "--config train={epochs: one}", "snakemake refuses naming the --config key"
-    ):
-        out = dry_run(tmp_path, "--config", "train={epochs: one}", ok=False)
-        assert "train.epochs: expected an integer, got 'one'" in out, out[-2000:]
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("train={epochs: one}", "train.epochs: expected an integer, got 'one'"),
+        ("train={epochs: 0}", "train.epochs must be >= 1, got 0"),  # would train nothing
+        ("train={lr: -1}", "train.lr must be > 0, got -1.0"),  # would climb the loss
+        ("extract={sglang: {tp_size: 2}}", "config key extract.sglang has moved: it is sglang"),
+    ],
+)
+def test_wrong_command_line_value_names_the_key(tmp_path, ledger, entry, message):
+    with ledger.case("bad_input", f"--config {entry}", "snakemake refuses naming the --config key"):
+        out = dry_run(tmp_path, "--config", entry, ok=False)
+        assert message in out, out[-2000:]
         assert not (tmp_path / "results").exists()
 
 

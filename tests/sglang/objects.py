@@ -111,3 +111,31 @@ def packed_states(extend_lens: Sequence[int], k: int, h: int) -> tuple[torch.Ten
     aux = base + torch.arange(k * h, dtype=torch.float32)[None, :]  # [T, K*H]
     last = base + 500 + torch.arange(h, dtype=torch.float32)[None, :]  # [T, H]
     return aux, last
+
+
+def standin_forward(states, prefix: str, lengths: Sequence[int], taps: int, hidden: int):
+    """A stand-in for `ModelRunner.forward` (the model's arithmetic): an extend batch gets, for each
+    request, the rows `states(sample, length)` -> (aux [length, taps*hidden], final [length, hidden])
+    holds at its positions (sample i of an eyas request `{prefix}{i}`; another client's request gets
+    sample 99's); a decode batch gets zeros. The hook under test wraps this function."""
+
+    def model_forward(self, forward_batch, *args, **kwargs):
+        if not forward_batch.forward_mode.is_extend():
+            rows = forward_batch.batch_size
+            return runner_output(
+                logits_output(torch.zeros(rows, taps * hidden), torch.zeros(rows, hidden), rows)
+            )
+        aux, last = [], []
+        for rid, start, count in zip(
+            forward_batch.rids,
+            forward_batch.extend_prefix_lens_cpu,
+            forward_batch.extend_seq_lens_cpu,
+            strict=True,
+        ):
+            sample = int(rid.removeprefix(prefix)) if rid.startswith(prefix) else None
+            a, f = states(sample, lengths[sample]) if sample is not None else states(99, start + count)
+            aux.append(a[start : start + count])  # [count, taps*hidden]
+            last.append(f[start : start + count])  # [count, hidden]
+        return runner_output(logits_output(torch.cat(aux), torch.cat(last), forward_batch.batch_size))
+
+    return model_forward

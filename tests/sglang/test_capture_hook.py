@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from objects import decode_batch, extend_batch, logits_output, runner_output
+from objects import decode_batch, extend_batch, standin_forward
 from sglang.srt.layers import logits_processor as lp
 from sglang.srt.model_executor import model_runner as mr
 from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import SpecAuxHiddenStateConfig
@@ -59,23 +59,7 @@ def runner_class(monkeypatch, shard):
     so the hook wraps a function that returns the rows each batch's requests should produce."""
     _, samples = shard
 
-    def model_forward(self, forward_batch, *args, **kwargs):
-        if not forward_batch.forward_mode.is_extend():
-            rows = forward_batch.batch_size
-            return runner_output(logits_output(torch.zeros(rows, K * H), torch.zeros(rows, H), rows))
-        aux, last = [], []
-        for rid, start, count in zip(
-            forward_batch.rids,
-            forward_batch.extend_prefix_lens_cpu,
-            forward_batch.extend_seq_lens_cpu,
-            strict=True,
-        ):
-            sample = int(rid.removeprefix(PREFIX)) if rid.startswith(PREFIX) else None
-            a, f = _states(sample, LENGTHS[sample]) if sample is not None else _states(99, start + count)
-            aux.append(a[start : start + count])
-            last.append(f[start : start + count])
-        return runner_output(logits_output(torch.cat(aux), torch.cat(last), forward_batch.batch_size))
-
+    model_forward = standin_forward(_states, PREFIX, LENGTHS, K, H)
     monkeypatch.setattr(mr.ModelRunner, "forward", model_forward)
     return mr.ModelRunner
 

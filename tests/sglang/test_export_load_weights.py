@@ -20,6 +20,7 @@ import socket
 
 import pytest
 import torch
+from modelkit import tiny_drafter_config
 from safetensors.torch import load_file
 from sglang.srt.distributed import parallel_state
 from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
@@ -27,7 +28,7 @@ from sglang.srt.server_args import ServerArgs
 from transformers import AutoConfig
 
 from eyas.export import export_sglang
-from eyas.model.drafter import DrafterConfig, Eagle3Drafter
+from eyas.model.drafter import Eagle3Drafter
 
 # SGLang pads vocab-parallel tables to a multiple of 64 rows: sizes that are not exercise the padding.
 VOCAB, DRAFT_VOCAB = 100, 40
@@ -55,13 +56,8 @@ def sglang_cpu_groups():
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     out = tmp_path_factory.mktemp("sglang_export")
-    cfg = DrafterConfig(
-        hidden_size=32,
+    cfg = tiny_drafter_config(
         intermediate_size=80,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        rms_norm_eps=1e-5,
         rope_theta=1e5,
         max_position_embeddings=512,
         vocab_size=VOCAB,

@@ -149,8 +149,9 @@ def test_capture_only_engine_args_resolve_to_full_capture_and_no_speculation(tmp
 
 
 def test_user_engine_args_are_checked_against_the_real_server_args():
-    """`extract.sglang.engine_args` keys are ServerArgs fields of this release, or refused by name; every
+    """`sglang.engine_args` keys are ServerArgs fields of this release, or refused by name; every
     arg eyas sets itself is a field too (a rename upstream would show here, not in a GPU job)."""
+    from eyas.config import SglangSettings
     from eyas.extract.sglang_backend import OWNED_ARGS, engine_args, server_arg_names, user_engine_args
 
     known = server_arg_names()
@@ -160,12 +161,7 @@ def test_user_engine_args_are_checked_against_the_real_server_args():
     }
     with pytest.raises(ValueError, match="engine_args.ep_sise: not a ServerArgs field"):
         user_engine_args({"ep_sise": 2}, known)
-    settings = {
-        "tp_size": 1,
-        "mem_fraction_static": 0.8,
-        "chunked_prefill_size": 512,
-        "attention_backend": None,
-    }
+    settings = SglangSettings(tp_size=1, mem_fraction_static=0.8, chunked_prefill_size=512)
     for route in ("builtin", "scheduler"):
         assert set(engine_args(route, [1], settings, "/m", "bfloat16", False, known)) <= known, route
     assert OWNED_ARGS <= known

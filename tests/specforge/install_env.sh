@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fourth test environment: the real SpecForge 0.2.0 (PyPI `specforge`) importable on CPU, for
-# tests/specforge/ and the CPU smoke run of bench/specforge_train.sh (bench/README.md).
+# tests/specforge/ and the CPU smoke run of bench/gpu/specforge_train.sh (bench/README.md).
 #
 #   bash tests/specforge/install_env.sh      # creates or refreshes .venv-specforge (idempotent)
 #

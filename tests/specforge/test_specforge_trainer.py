@@ -12,7 +12,7 @@ What this checks:
   (specforge/modeling/draft/flex_attention.py `generate_eagle3_mask`, seq_lengths - lck), positions
   whose target x_{t+2+k} lies past the sample, which carry no loss in either trainer.
 - The whole bench path: `export-specforge` (loss mask eyas-targets), `specforge-prepare`,
-  bench/specforge_run.py (SpecForge's `specforge train`, one epoch; CPU-only changes: DDP for FSDP,
+  bench/gpu/specforge_run.py (SpecForge's `specforge train`, one epoch; CPU-only changes: DDP for FSDP,
   sdpa, the plain-torch loss), `import-specforge-drafter`. Every token and exactly eyas's loss
   positions reach SpecForge's steps, and the drafter it trained loads in eyas with the stores' provenance.
 """
@@ -33,17 +33,18 @@ pytest.importorskip(
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from modelkit import tiny_drafter_config
 
 from eyas.core.provenance import DRAFTER_PROVENANCE  # noqa: E402
 from eyas.data.vocab import load_draft_vocab  # noqa: E402
 from eyas.export import sglang_config  # noqa: E402
 from eyas.interop.specforge_export import export_specforge  # noqa: E402
 from eyas.interop.specforge_train import eyas_state_dict, import_specforge_drafter, prepare_specforge_run  # noqa: E402
-from eyas.model.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eyas.model.drafter import Eagle3Drafter  # noqa: E402
 from eyas.model.target import load_embed_and_head  # noqa: E402
 from eyas.store import HiddenStore, read_token_shard  # noqa: E402
 
-BENCH_RUN = Path(__file__).resolve().parents[2] / "bench" / "specforge_run.py"
+BENCH_RUN = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "specforge_run.py"
 CPU = {"fsdp_sharding": "NO_SHARD", "attention_backend": "sdpa", "dataloader_num_workers": 0}
 
 
@@ -106,10 +107,9 @@ def test_specforge_draft_computes_eyas_drafter(monkeypatch, backend):
     monkeypatch.setattr(loss.LogSoftmaxLoss, "apply", staticmethod(reference_loss))
     if backend == "flex_attention":  # flex attention on CPU runs only compiled (~15 s here)
         monkeypatch.setattr(torch._dynamo.config, "disable", False)
-    cfg = DrafterConfig(
-        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        rms_norm_eps=1e-5, rope_theta=1e5, max_position_embeddings=512, vocab_size=300, draft_vocab_size=40,
-        aux_layer_ids=[0, 1, 2],
+    cfg = tiny_drafter_config(
+        hidden_size=64, intermediate_size=128, head_dim=16, rope_theta=1e5, max_position_embeddings=512,
+        vocab_size=300, aux_layer_ids=[0, 1, 2],
     )  # fmt: skip
     torch.manual_seed(0)
     eyas = Eagle3Drafter(cfg)

@@ -6,10 +6,14 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from eyas import __version__
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 EYAS_VERSION = __version__
 FINAL_NORM = "post_norm"  # final state is after the target's final norm
@@ -44,7 +48,7 @@ def sha256_array(array: np.ndarray) -> str:
     return sha256_bytes(np.ascontiguousarray(array).tobytes())
 
 
-def tokenizer_hash(tokenizer) -> str:
+def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
     """Hash of the tokenizer's vocabulary, merges and special tokens (its full serialized state)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
@@ -53,7 +57,7 @@ def tokenizer_hash(tokenizer) -> str:
     return sha256_text(json.dumps(vocab, ensure_ascii=False))
 
 
-def chat_template_hash(tokenizer) -> str:
+def chat_template_hash(tokenizer: PreTrainedTokenizerBase) -> str:
     return sha256_text(tokenizer.chat_template or "")
 
 

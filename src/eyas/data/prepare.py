@@ -1,9 +1,10 @@
 """The prepare stage: raw record files -> normalized train/eval conversations, rejects and stats.
 
-Inputs are `.json` files (a top-level list; record source `<file>:<index>`, 0-based) or `.jsonl` files
-(one record per line; source `<file>:<line>`, 1-based; blank lines are not records). A `.json` file that
-does not parse is a hard error naming the file, line and column, since it cannot be split into
-records; a bad JSONL line is only that record's reject (`invalid_json` / `invalid_encoding`).
+Inputs are read by `eyas.data.readers` (JSON, JSONL plain or compressed, Parquet files and dataset
+directories; each record's source is `<file>:<line>` or `<file>:<row>`). A file that cannot be split
+into records is a hard error naming the file and position; a bad JSONL line is only that record's
+reject (`invalid_json` / `invalid_encoding`). No record kept from all inputs is an error too
+(`EmptyDataError`, naming every file and its reject counts): nothing can be trained on.
 
 Order of decisions per record: parse -> normalize + validate (`eyas.data.formats`) -> duplicate check
 -> `max_conversations` cap. The cap keeps a deterministic random sample across all inputs (the
@@ -20,119 +21,41 @@ import hashlib
 import json
 import os
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from eyas.core.atomic import atomic_file
-from eyas.data.formats import FORMATS, RecordRejected, content_hash, normalize_record
+from eyas.data.formats import (
+    FORMATS,
+    PROMPT_PLACEHOLDER,
+    RecordRejected,
+    content_hash,
+    normalize_prompt_record,
+    normalize_record,
+)
+from eyas.data.readers import RawRecord, read_records
 
 MAX_REJECT_RECORD_CHARS = 4096  # raw records in rejects.jsonl are cut to this many characters
+# The format of the target's own prompts (rule `prompts`): conversations ending in a user turn whose
+# answer is still to be written. Each gets a placeholder answer and `pending: true`; regenerate writes
+# the answer and tokenize rejects one it did not (`not_generated`), so no placeholder is trained on.
+PROMPTS_FORMAT = "prompts"
 
 
-class InputFileError(ValueError):
-    """An input file that cannot be read as records at all (names the file and position)."""
+class EmptyDataError(ValueError):
+    """No conversation kept from all inputs."""
 
 
-# Byte-order marks of the encodings a JSON file is most often saved in by mistake (UTF-32 first: its
-# little-endian mark starts with UTF-16's).
-_WIDE_BOMS = (
-    (b"\xff\xfe\x00\x00", "UTF-32"),
-    (b"\x00\x00\xfe\xff", "UTF-32"),
-    (b"\xff\xfe", "UTF-16"),
-    (b"\xfe\xff", "UTF-16"),
-)
-
-
-def _check_not_wide(path: Path, head: bytes) -> None:
-    """UTF-16/32 text splits into lines of NUL-interleaved bytes that each fail on their own; name the
-    real problem once, for the whole file. JSON text never holds a raw NUL byte."""
-    for bom, name in _WIDE_BOMS:
-        if head.startswith(bom):
-            raise InputFileError(f"{path}:1:1: file is {name} (byte-order mark); eyas reads UTF-8 only")
-    nul = head.find(b"\x00")
-    if nul >= 0:
-        raise InputFileError(
-            f"{path}:1:{nul + 1}: NUL byte: the file looks UTF-16/32 encoded (no "
-            "byte-order mark); eyas reads UTF-8 only"
-        )
-
-
-def _loads(text: str) -> Any:
-    """json.loads, with nesting too deep for Python's parser reported as a JSON error."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise json.JSONDecodeError("nested too deeply", text, 0) from None
-
-
-@dataclass
-class RawRecord:
-    source: str  # "<file>:<line>" or "<file>:<index>"
-    record: Any  # the parsed JSON value, or the raw line text when it did not parse
-    error: RecordRejected | None = None  # set when the line could not be decoded or parsed
-
-
-def _line_of_offset(data: bytes, offset: int) -> tuple[int, int]:
-    line = data.count(b"\n", 0, offset) + 1
-    return line, offset - (data.rfind(b"\n", 0, offset) + 1) + 1
-
-
-def _read_json_list(path: Path) -> Iterator[RawRecord]:
-    data = path.read_bytes()
-    _check_not_wide(path, data[:4096])
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line, col = _line_of_offset(data, err.start)
-        raise InputFileError(f"{path}:{line}:{col}: not valid UTF-8 (byte {err.start})") from None
-    try:
-        records = _loads(text)
-    except json.JSONDecodeError as err:
-        raise InputFileError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
-    if not isinstance(records, list):
-        raise InputFileError(f"{path}: top level is {type(records).__name__}, expected a list of records")
-    for index, record in enumerate(records):
-        yield RawRecord(f"{path}:{index}", record)
-
-
-def _read_jsonl(path: Path) -> Iterator[RawRecord]:
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if number == 1:
-                _check_not_wide(path, raw[:4096])
-            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]  # a UTF-8 byte-order mark is not part of the first record
-            if not raw.strip():
-                continue
-            source = f"{path}:{number}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                text = raw.decode("utf-8", errors="replace")
-                yield RawRecord(
-                    source, text, RecordRejected("invalid_encoding", f"byte {err.start}: {err.reason}")
-                )
-                continue
-            try:
-                yield RawRecord(source, _loads(line))
-            except json.JSONDecodeError as err:
-                yield RawRecord(
-                    source, line, RecordRejected("invalid_json", f"column {err.colno}: {err.msg}")
-                )
-
-
-def read_records(path: str | os.PathLike) -> Iterator[RawRecord]:
-    """Every record of one input file, in file order."""
-    path = Path(path)
-    if not path.exists():
-        raise InputFileError(f"{path}: input file does not exist")
-    if path.suffix == ".json":
-        return _read_json_list(path)
-    if path.suffix in (".jsonl", ".ndjson"):
-        return _read_jsonl(path)
-    raise InputFileError(f"{path}: unknown extension {path.suffix!r}; expected .json or .jsonl")
+def _refuse_empty(by_file: dict[str, Counter], by_reason: Counter) -> None:
+    lines = [
+        f"  {path}: read {c['read']}, rejected {c['rejected']}, over the cap {c['over_cap']}"
+        for path, c in by_file.items()
+    ]
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(by_reason.items())) or "none"
+    raise EmptyDataError(
+        "prepare: no conversation kept from the inputs:\n"
+        + "\n".join(lines)
+        + f"\n  rejects by reason: {reasons}"
+    )
 
 
 def split_hash(record_id: str, seed: int) -> float:
@@ -183,6 +106,16 @@ def _write_jsonl(path: str | os.PathLike, rows: list[dict]) -> None:
             fh.write(dumps_line(row))
 
 
+def _normalize(raw: RawRecord, fmt: str) -> dict:
+    if fmt != PROMPTS_FORMAT:
+        return normalize_record(raw.record, raw.source, fmt)
+    conversation = normalize_prompt_record(raw.record, raw.source, "openai")
+    messages = conversation["messages"]  # a trailing user turn got the placeholder answer
+    if messages[-1]["content"] != PROMPT_PLACEHOLDER or messages[-2]["role"] != "user":
+        raise RecordRejected("bad_turn_order", "a target-written prompt must end with its user turn")
+    return conversation | {"pending": True}
+
+
 def prepare(
     inputs: list[tuple[str, str]],
     out_train: str,
@@ -202,8 +135,8 @@ def prepare(
         if value is not None and value < 0:
             raise ValueError(f"{name} must be >= 0 or None, got {value}")
     for path, fmt in inputs:
-        if fmt not in FORMATS:
-            raise ValueError(f"{path}: unknown format {fmt!r}; expected one of {FORMATS}")
+        if fmt not in (*FORMATS, PROMPTS_FORMAT):
+            raise ValueError(f"{path}: unknown format {fmt!r}; expected one of {(*FORMATS, PROMPTS_FORMAT)}")
 
     valid: list[tuple[dict, Counter[str]]] = []
     kept: list[dict] = []
@@ -219,7 +152,7 @@ def prepare(
             try:
                 if raw.error is not None:
                     raise raw.error
-                conversation = normalize_record(raw.record, raw.source, fmt)
+                conversation = _normalize(raw, fmt)
                 digest = content_hash(conversation["messages"], conversation["tools"])
                 if digest in seen_content:
                     raise RecordRejected("duplicate", f"same messages and tools as {seen_content[digest]}")
@@ -251,6 +184,8 @@ def prepare(
         else:
             counts["over_cap"] += 1
 
+    if not kept:
+        _refuse_empty(by_file, by_reason)
     splits = assign_splits([c["id"] for c in kept], eval_fraction, eval_max, seed)
     train = [c for c, s in zip(kept, splits, strict=True) if s == "train"]
     evaluation = [c for c, s in zip(kept, splits, strict=True) if s == "eval"]

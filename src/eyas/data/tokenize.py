@@ -31,6 +31,7 @@ import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
 import jinja2.meta
@@ -38,10 +39,13 @@ import numpy as np
 
 from eyas.core.atomic import atomic_file
 from eyas.core.provenance import EYAS_VERSION, chat_template_hash, tokenizer_hash
-from eyas.data.formats import ROLES
+from eyas.data.formats import PROMPT_PLACEHOLDER, ROLES
 from eyas.data.prepare import dumps_line, truncate_record
 from eyas.model.target import load_tokenizer
 from eyas.store import write_token_shard
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 TOOLS_SYSTEM_PREFIX = "You have access to the following functions (JSON schemas):\n"
 
@@ -52,6 +56,7 @@ TOKENIZE_REJECT_REASONS: dict[str, str] = {
     "no_end_of_turn": "an assistant turn has no end-of-turn (eos) token",
     "special_token_in_content": "message or tools text contains a special token's text",
     "template_error": "the chat template raised an error on this conversation",
+    "not_generated": "a target-written prompt whose answer the regenerate stage did not write",
 }
 
 
@@ -73,21 +78,25 @@ def _template_reads_tools(template: str) -> bool:
     return "tools" in jinja2.meta.find_undeclared_variables(ast)
 
 
-def _special_texts(tokenizer) -> tuple[str, ...]:
+def special_texts(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
     specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
     return tuple(sorted(specials | set(tokenizer.all_special_tokens)))
 
 
-def _check_no_special_tokens(tokenizer, messages: list[dict], tools: str | None) -> None:
+def _check_no_special_tokens(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: str | None
+) -> None:
     texts = [(f"turn {i} ({m['role']})", m["content"]) for i, m in enumerate(messages)]
     texts += [("tools", tools)] if tools else []
-    for special in _special_texts(tokenizer):
+    for special in special_texts(tokenizer):
         for where, text in texts:
             if special in text:
                 raise SampleRejected("special_token_in_content", f"{where} contains {special!r}")
 
 
-def _apply_tools(tokenizer, messages: list[dict], tools: str | None) -> tuple[list[dict], list | None]:
+def _apply_tools(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: str | None
+) -> tuple[list[dict], list | None]:
     """(messages, `tools=` argument): schemas go to the template if it reads them, else into system."""
     if not tools:
         return messages, None
@@ -100,7 +109,9 @@ def _apply_tools(tokenizer, messages: list[dict], tools: str | None) -> tuple[li
     return [{"role": "system", "content": block}, *messages], None
 
 
-def _render(tokenizer, messages: list[dict], tools: list | None, generation_prompt: bool) -> list[int]:
+def _render(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list | None, generation_prompt: bool
+) -> list[int]:
     try:
         text = tokenizer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
@@ -111,7 +122,11 @@ def _render(tokenizer, messages: list[dict], tools: list | None, generation_prom
 
 
 def build_sample(
-    tokenizer, messages: list[dict], tools: str | None, *, max_length: int | None = None
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict],
+    tools: str | None,
+    *,
+    max_length: int | None = None,
 ) -> tuple[list[int], list[int]]:
     """(input_ids, loss_mask) of one conversation; raises `SampleRejected`.
 
@@ -148,7 +163,7 @@ def build_sample(
     return ids, mask
 
 
-def render_prompt(tokenizer, messages: list[dict], tools: str | None) -> list[int]:
+def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: str | None) -> list[int]:
     """Tokens of the conversation before its last assistant turn, plus the generation prompt."""
     _check_no_special_tokens(tokenizer, messages, tools)
     messages, tool_arg = _apply_tools(tokenizer, messages, tools)
@@ -156,6 +171,32 @@ def render_prompt(tokenizer, messages: list[dict], tools: str | None) -> list[in
     if last is None:
         raise SampleRejected("no_loss_tokens", "conversation has no assistant turn")
     return _render(tokenizer, messages[:last], tool_arg, generation_prompt=True)
+
+
+_USER_CONTENT_MARK = "\x00eyas-user-content\x00"  # no template writes this; it marks where the content goes
+
+
+def user_turn_prefix(tokenizer, messages: list[dict], tools: str | None) -> list[int]:
+    """Tokens of `messages` followed by a new user turn cut where its content starts: from there the
+    target writes a user's words itself (Magpie, arXiv 2406.08464). Tools are placed as for training."""
+    _check_no_special_tokens(tokenizer, messages, tools)
+    messages, tool_arg = _apply_tools(tokenizer, messages, tools)
+    turn = {"role": "user", "content": _USER_CONTENT_MARK}
+    try:
+        text = tokenizer.apply_chat_template([*messages, turn], tools=tool_arg, tokenize=False)
+    except jinja2.TemplateError as err:
+        raise SampleRejected("template_error", f"{type(err).__name__}: {err}") from None
+    if text.count(_USER_CONTENT_MARK) != 1:
+        raise ValueError("the chat template does not write a user turn's content once, verbatim")
+    return tokenizer(text[: text.index(_USER_CONTENT_MARK)], add_special_tokens=False)["input_ids"]
+
+
+def check_generated(record: dict) -> None:
+    """A conversation prepare marked `pending` (its last answer to be written by the target) must have
+    had that answer written by regenerate; its placeholder is never trained on."""
+    last = [m for m in record["messages"] if m["role"] == "assistant"][-1:]
+    if record.get("pending") and last and last[0]["content"] == PROMPT_PLACEHOLDER:
+        raise SampleRejected("not_generated", "regenerate did not write this prompt's answer")
 
 
 def assign_shards(lengths: list[int], num_shards: int) -> list[list[int]]:
@@ -222,6 +263,7 @@ def tokenize_split(
     for record in read_prepared(conversations):
         read += 1
         try:
+            check_generated(record)
             ids, mask = build_sample(tokenizer, record["messages"], record["tools"], max_length=max_length)
         except SampleRejected as err:
             by_reason[err.reason] += 1

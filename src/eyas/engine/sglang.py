@@ -1,9 +1,10 @@
 """SGLang engines for eyas's three uses: hidden-state extraction, regeneration and served evaluation.
 
-This module and `extract/sglang_backend.py` (the capture hook) are the only ones that import sglang,
-always lazily: the argument builders are pure and run anywhere. One function builds the arguments
-every engine shares (`base_engine_args`: the target, TP, memory, attention backend, the user's
-`extract.sglang.engine_args`); each use adds its own:
+This module and `extract/sglang_backend.py` (the capture hook inside the scheduler process) are the only
+ones that import sglang, always lazily: the argument builders are pure and run anywhere. Nothing in
+SGLang's files is edited: eyas starts stock engines and hooks them from outside. One function builds the
+arguments every engine shares (`base_engine_args`: the target, TP, memory, attention backend, the user's
+`engine_args`, all from the config's one `sglang` section); each use adds its own:
 
 - served evaluation: EAGLE-3 chain drafting of k tokens, i.e. `speculative_num_steps=k,
   speculative_eagle_topk=1, speculative_num_draft_tokens=k+1` (SGLang's own benchmark settings,
@@ -38,6 +39,9 @@ import json
 import logging
 import os
 from pathlib import Path
+
+from eyas.config import SglangSettings
+from eyas.core.logs import child_stage_logging, keep_stage_logging
 
 log = logging.getLogger("eyas.sglang")
 
@@ -100,10 +104,10 @@ def check_tested(version: str, stage: str) -> tuple[int, int, int]:
 
 
 def user_engine_args(extra: dict, known: set[str] | None, owned: frozenset[str] = BASE_OWNED_ARGS) -> dict:
-    """`extract.sglang.engine_args`, refused if a key is one eyas sets itself (`owned`) or (given
-    `known`, the installed ServerArgs fields) not an SGLang arg at all."""
+    """`sglang.engine_args`, refused if a key is one eyas sets itself (`owned`) or (given `known`, the
+    installed ServerArgs fields) not an SGLang arg at all."""
     for key in extra:
-        where = f"extract.sglang.engine_args.{key}"
+        where = f"sglang.engine_args.{key}"
         if key in owned:
             raise ValueError(f"{where}: set by eyas (it depends on it or it has its own key)")
         if known is not None and key not in known:
@@ -111,8 +115,10 @@ def user_engine_args(extra: dict, known: set[str] | None, owned: frozenset[str] 
     return dict(extra)
 
 
-def base_engine_args(settings, model_dir: str | os.PathLike, dtype: str, trust_remote_code: bool) -> dict:
-    """What every eyas engine of the target shares; `settings` is `extract.sglang` (SglangSettings)."""
+def base_engine_args(
+    settings: SglangSettings, model_dir: str | os.PathLike, dtype: str, trust_remote_code: bool
+) -> dict:
+    """What every eyas engine of the target shares, from the config's `sglang` section."""
     args = {
         "model_path": os.fspath(model_dir),
         "tp_size": settings.tp_size,
@@ -130,7 +136,7 @@ def base_engine_args(settings, model_dir: str | os.PathLike, dtype: str, trust_r
 
 
 def spec_engine_args(
-    base: dict, draft_dir: str | os.PathLike, ks: list[int], concurrency: int, workdir
+    base: dict, draft_dir: str | os.PathLike, ks: list[int], concurrency: int, workdir: str | os.PathLike
 ) -> dict:
     """EAGLE-3 chain drafting (top-k 1, k + 1 tokens a verify pass) at every k of `ks` in one engine,
     starting at the longest; at most `concurrency` requests at once. Writes the step-pinning policy
@@ -181,6 +187,13 @@ def is_eagle3_draft_dir(path: str | os.PathLike) -> bool:
         return any(arch in architectures for arch in EAGLE3_DRAFT_ARCHS)
     except (OSError, ValueError):
         return False
+
+
+def installed_version() -> str:
+    """The installed sglang's version (recorded in the results an engine made)."""
+    import sglang
+
+    return sglang.__version__
 
 
 def server_arg_names() -> set[str]:
@@ -291,6 +304,13 @@ def install_draft_swap() -> None:
     manager.update_weights_from_disk = update_weights_from_disk
 
 
+def in_stage_log(process_func, *args, **kwargs):
+    """An engine process function (scheduler, detokenizer) run with its output in the stage's log
+    file too (`eyas.core.logs.child_stage_logging`); picklable, as spawn needs, as a partial."""
+    child_stage_logging()
+    return process_func(*args, **kwargs)
+
+
 def draft_swap_scheduler_process(*args, **kwargs):
     """`run_scheduler_process_func` of `DraftSwapEngine`: install the swap, then run SGLang's."""
     install_draft_swap()
@@ -391,6 +411,11 @@ def engine_class():
     class EyasEngine(Engine):
         def __init__(self, *, stage: str, **kwargs):
             self.stage, self.died = stage, None
+            # SGLang launches its processes with these (`Engine._launch_subprocesses`; a release
+            # without one of them launches that process its own way, outside the stage's log).
+            for name in ("run_scheduler_process_func", "run_detokenizer_process_func"):
+                if hasattr(self, name):
+                    setattr(self, name, functools.partial(in_stage_log, getattr(self, name)))
             quit_handler = functools.partial(_sigquit_while_starting, stage)
             try:
                 super().__init__(**kwargs, custom_sigquit_handler=quit_handler)
@@ -403,6 +428,7 @@ def engine_class():
                 # until the job exits (its atexit shutdown).
                 kill_process_tree(os.getpid(), include_parent=False)
                 raise EngineDied(death_message(stage, f"it did not start: {err}")) from err
+            keep_stage_logging()  # SGLang's configure_logger reset the root logger as it started
             manager = self.tokenizer_manager
             manager.signal_handler_class = functools.partial(handler, engine=self)
             # SGLang installs the tokenizer manager's SIGQUIT handler at its first request; until

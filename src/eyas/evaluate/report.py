@@ -12,7 +12,8 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from eyas.core.atomic import atomic_file, atomic_path
+from eyas.core.atomic import atomic_file
+from eyas.evaluate.figures import new_figure, save_figure
 
 BENCHMARK_COLUMNS = ("s", "max_rss", "cpu_time")  # wall seconds, peak RSS (MB), CPU seconds
 
@@ -30,21 +31,6 @@ def write_tsv(rows: list[dict], out: str | os.PathLike) -> None:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]), delimiter="\t", lineterminator="\n")
         writer.writeheader()
         writer.writerows({k: _fmt(v) for k, v in row.items()} for row in rows)
-
-
-def _save(fig, out: str | os.PathLike) -> None:
-    fig.tight_layout()
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png")
-
-
-def _figure(width: float, height: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(fig)
-    return fig
 
 
 # --------------------------------------------------------------------------- tau
@@ -78,12 +64,12 @@ def tau_table(summary: dict) -> list[dict]:
     return rows
 
 
-def plot_tau(summary: dict, out: str | os.PathLike) -> None:
+def plot_tau(summary: dict, out: str | os.PathLike) -> list[dict]:
     """PNG: real tau per set and drafter (bars) | simulated vs real tau per drafter (primary set); with a
     served evaluation also served tau by k per set and drafter | tokens/s at batch size 1 and at the
     engine's concurrency, plain beside each drafter at the first k."""
     served = summary.get("served")
-    fig = _figure(20 if served else 10, 4)
+    fig = new_figure(20 if served else 10, 4)
     axes = fig.subplots(1, 4 if served else 2)
     left, right = axes[0], axes[1]
     sets = list(summary["sets"])
@@ -110,7 +96,7 @@ def plot_tau(summary: dict, out: str | os.PathLike) -> None:
         _plot_served(served, axes[2], axes[3])
     for ax in axes:
         ax.grid(alpha=0.3)
-    _save(fig, out)
+    return save_figure(fig, out)
 
 
 def _plot_served(served: dict, by_k, speed) -> None:
@@ -159,9 +145,9 @@ def read_loss_log(path: str | os.PathLike) -> dict[str, list[float]]:
     return columns
 
 
-def plot_loss(log: dict[str, list[float]], out: str | os.PathLike) -> None:
+def plot_loss(log: dict[str, list[float]], out: str | os.PathLike) -> list[dict]:
     """PNG: training loss | training accuracy per TTT step, against optimizer step."""
-    fig = _figure(10, 4)
+    fig = new_figure(10, 4)
     left, right = fig.subplots(1, 2)
     left.plot(log["step"], log["loss"], "-")
     left.set(title="Training loss (weighted TTT soft-CE)", xlabel="step", ylabel="loss")
@@ -171,7 +157,7 @@ def plot_loss(log: dict[str, list[float]], out: str | os.PathLike) -> None:
     right.legend(fontsize="small")
     for ax in (left, right):
         ax.grid(alpha=0.3)
-    _save(fig, out)
+    return save_figure(fig, out)
 
 
 # --------------------------------------------------------------------------- stage throughput
@@ -198,9 +184,9 @@ def read_benchmarks(root: str | os.PathLike, paths: list[str]) -> list[dict]:
     return [{"stage": name, **agg} for name, agg in stages.items()]
 
 
-def plot_throughput(rows: list[dict], out: str | os.PathLike) -> None:
+def plot_throughput(rows: list[dict], out: str | os.PathLike) -> list[dict]:
     """PNG: wall and CPU seconds per stage | peak memory per stage."""
-    fig = _figure(10, 4)
+    fig = new_figure(10, 4)
     left, right = fig.subplots(1, 2)
     names = [r["stage"] for r in rows]
     ys = range(len(rows))
@@ -214,4 +200,4 @@ def plot_throughput(rows: list[dict], out: str | os.PathLike) -> None:
     right.set(title="Peak memory per job", xlabel="max RSS (MB)")
     for ax in (left, right):
         ax.grid(alpha=0.3, axis="x")
-    _save(fig, out)
+    return save_figure(fig, out)

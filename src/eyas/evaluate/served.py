@@ -27,7 +27,14 @@ import os
 import tempfile
 import time
 
+from eyas.core.acceptance import (
+    acceptance_by_position,
+    counts_from_histograms,
+    tau_from_completions,
+    tau_sglang,
+)
 from eyas.core.atomic import atomic_file
+from eyas.core.logs import Progress
 from eyas.evaluate.summary import json_safe
 
 log = logging.getLogger("eyas.evaluate.served")
@@ -57,30 +64,6 @@ def request_figures(output: dict, k: int | None) -> dict:
     return figures | {"verify": int(verify), "histogram": histogram}
 
 
-def acceptance_by_position(histograms: list[list[int]], k: int) -> dict:
-    """From verify-pass histograms (index a = passes that accepted a drafts), as `evaluate.specdec`
-    reports them: every pass proposes all k drafts (`position_attempted`); position i is reached
-    when drafts 0..i-1 were accepted and accepted when drafts 0..i were. Rates are None when unreached."""
-    counts = [0] * (k + 1)
-    for histogram in histograms:
-        for accepted, passes in enumerate(histogram):
-            counts[accepted] += passes
-    attempted = [sum(counts)] * k
-    reached = [sum(counts[i:]) for i in range(k)]
-    accepted = [sum(counts[i + 1 :]) for i in range(k)]
-
-    def rate(num: list[int], den: list[int]) -> list[float | None]:
-        return [a / n if n else None for a, n in zip(num, den, strict=True)]
-
-    return {
-        "position_attempted": attempted,
-        "position_reached": reached,
-        "position_accepted": accepted,
-        "acceptance_by_position": rate(accepted, attempted),
-        "conditional_acceptance_by_position": rate(accepted, reached),
-    }
-
-
 def aggregate(requests: list[dict], k: int) -> dict:
     """Accept lengths (SGLang's and eyas's) and acceptance by position over a set's requests."""
     completion = sum(r["completion"] for r in requests)
@@ -91,12 +74,12 @@ def aggregate(requests: list[dict], k: int) -> dict:
         "prompts": len(requests),
         "completion_tokens": completion,
         "verify_passes": verify,
-        "tau_sglang": completion / verify if verify else None,
-        "tau": (completion - len(requests)) / verify if verify else None,
-        "per_prompt_tau": [(r["completion"] - 1) / r["verify"] if r["verify"] else None for r in requests],
+        "tau_sglang": tau_sglang(completion, verify),
+        "tau": tau_from_completions(completion, len(requests), verify),
+        "per_prompt_tau": [tau_from_completions(r["completion"], 1, r["verify"]) for r in requests],
     }
     if len(histograms) == len(requests):
-        out |= acceptance_by_position(histograms, k)
+        out |= acceptance_by_position(*counts_from_histograms(histograms, k))
     return out
 
 
@@ -149,6 +132,9 @@ def decode_set(
     extra = {"return_logprob": True, "top_logprobs_num": 2} if logprobs else {}
     engine.generate(input_ids=prompts[0], sampling_params=_sampling(WARMUP_TOKENS))  # kernels, graphs
     single, start = [], time.perf_counter()
+    progress = Progress(
+        log, f"served {'plain' if k is None else f'k={k}'} at batch size 1", len(prompts), "prompts"
+    )
     for prompt in prompts:
         output = engine.generate(input_ids=prompt, sampling_params=_sampling(max_new_tokens), **extra)
         if raw is not None:
@@ -157,11 +143,19 @@ def decode_set(
         if logprobs:
             figures["top_logprobs"] = output["meta_info"].get("output_top_logprobs")
         single.append(figures)
+        progress.update(1)
     single_seconds = time.perf_counter() - start
     start = time.perf_counter()
     outputs = engine.generate(input_ids=prompts, sampling_params=_sampling(max_new_tokens))
     batched_seconds = time.perf_counter() - start
     batched = [request_figures(o, k) for o in outputs]
+    log.info(
+        "served %s: %d prompts at batch size 1 in %.1f s, all at once in %.1f s",
+        "plain" if k is None else f"k={k}",
+        len(prompts),
+        single_seconds,
+        batched_seconds,
+    )
     return {
         "single": single,
         "batched": batched,

@@ -17,10 +17,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from eyas.data.formats import RecordRejected, normalize_prompt_record
-from eyas.data.prepare import read_records
+from eyas.data.readers import read_records
 from eyas.data.tokenize import SampleRejected, read_prepared, render_prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 EVAL_SETS = ("heldout", "humaneval")
 HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"
@@ -44,7 +48,9 @@ class PromptSet:
         return meta
 
 
-def _collect(name: str, source, records, tokenizer, limit: int, max_length: int) -> PromptSet:
+def _collect(
+    name: str, source, records, tokenizer: PreTrainedTokenizerBase, limit: int, max_length: int
+) -> PromptSet:
     out = PromptSet(name=name, source=str(source))
     for messages, tools in records:
         if len(out.prompts) == limit:
@@ -57,7 +63,9 @@ def _collect(name: str, source, records, tokenizer, limit: int, max_length: int)
     return out
 
 
-def heldout_prompts(conversations: str | os.PathLike, tokenizer, limit: int, max_length: int) -> PromptSet:
+def heldout_prompts(
+    conversations: str | os.PathLike, tokenizer: PreTrainedTokenizerBase, limit: int, max_length: int
+) -> PromptSet:
     """The first `limit` held-out dialogues that fit in `max_length` prompt tokens."""
     records = ((r["messages"], r["tools"]) for r in read_prepared(conversations))
     return _collect("heldout", conversations, records, tokenizer, limit, max_length)
@@ -83,7 +91,9 @@ def read_humaneval(path: str | os.PathLike) -> list[dict]:
     return problems
 
 
-def humaneval_prompts(path: str | os.PathLike, tokenizer, limit: int, max_length: int) -> PromptSet:
+def humaneval_prompts(
+    path: str | os.PathLike, tokenizer: PreTrainedTokenizerBase, limit: int, max_length: int
+) -> PromptSet:
     """The first `limit` HumanEval problems as single user turns (the assistant turn is the reference
     solution, which `render_prompt` drops: only the prompt is decoded)."""
     records = (
@@ -100,7 +110,12 @@ def humaneval_prompts(path: str | os.PathLike, tokenizer, limit: int, max_length
 
 
 def file_prompts(
-    name: str, path: str | os.PathLike, fmt: str, tokenizer, limit: int, max_length: int
+    name: str,
+    path: str | os.PathLike,
+    fmt: str,
+    tokenizer: PreTrainedTokenizerBase,
+    limit: int,
+    max_length: int,
 ) -> PromptSet:
     """The first `limit` prompts of a prompt file that fit in `max_length` tokens; every record is read
     and counted (kept, too long, rejected with its reason, or over the limit)."""
@@ -125,7 +140,12 @@ def file_prompts(
 
 
 def load_prompt_set(
-    name: str, path: str | os.PathLike, tokenizer, limit: int, max_length: int, fmt: str | None = None
+    name: str,
+    path: str | os.PathLike,
+    tokenizer: PreTrainedTokenizerBase,
+    limit: int,
+    max_length: int,
+    fmt: str | None = None,
 ) -> PromptSet:
     """Set `name`: `heldout`, `humaneval`, or (`fmt` given) a prompt file of that format."""
     if fmt is not None:

@@ -24,14 +24,21 @@ import inspect
 import os
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from eyas.core.acceptance import acceptance_by_position, ratio, tau
 from eyas.evaluate.sampling import draft_distribution, pick, probs, rejection_verify
 from eyas.model.capture import TapCapture
 from eyas.model.drafter import DrafterCache
 from eyas.model.target import load_target
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from eyas.model.drafter import Eagle3Drafter
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -74,7 +81,7 @@ class SpecStats:
 
     @property
     def tau(self) -> float | None:
-        return (self.generated - 1) / self.verify_passes if self.verify_passes else None
+        return tau(self.generated - 1, self.verify_passes)
 
     @property
     def position_attempted(self) -> list[int]:
@@ -108,7 +115,7 @@ class SpecStats:
 
 
 # --------------------------------------------------------------------------- target plumbing
-def capture_taps(target, layer_ids: list[int]) -> TapCapture:
+def capture_taps(target: PreTrainedModel, layer_ids: list[int]) -> TapCapture:
     """Hooks on the target's tapped layers; `take_concat()` gives the last forward's [1, T, K*H]."""
     return TapCapture(target, layer_ids)
 
@@ -116,7 +123,7 @@ def capture_taps(target, layer_ids: list[int]) -> TapCapture:
 _CACHE_KWARG: dict[type, str] = {}
 
 
-def _cache_kwarg(target) -> str:
+def _cache_kwarg(target: PreTrainedModel) -> str:
     # Recent transformers 5.x call it `cache` (deprecating `past_key_values`); earlier 5.x know the latter.
     kind = type(target)
     if kind not in _CACHE_KWARG:
@@ -125,7 +132,7 @@ def _cache_kwarg(target) -> str:
     return _CACHE_KWARG[kind]
 
 
-def _new_target_cache(target):
+def _new_target_cache(target: PreTrainedModel):
     from transformers import DynamicCache
 
     return DynamicCache(config=target.config)
@@ -137,7 +144,7 @@ def _crop_target_cache(cache, length: int) -> None:
         cache.crop(-extra)  # a negative argument removes that many tokens in every transformers 5.x
 
 
-def _target_forward(target, cache, ids: list[int], last_only: bool = False) -> Tensor:
+def _target_forward(target: PreTrainedModel, cache, ids: list[int], last_only: bool = False) -> Tensor:
     """Run `ids` after the cached prefix; returns logits [T, V] (or [1, V] with last_only)."""
     device = next(target.parameters()).device
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T]
@@ -153,7 +160,9 @@ def _target_forward(target, cache, ids: list[int], last_only: bool = False) -> T
     return out.logits[0]
 
 
-def _check_lengths(target, prompt_ids: list[int], max_new_tokens: int, margin: int = 0) -> None:
+def _check_lengths(
+    target: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int, margin: int = 0
+) -> None:
     if not prompt_ids:
         raise ValueError("prompt_ids is empty: speculative decoding needs at least one prompt token")
     if max_new_tokens < 0:
@@ -169,7 +178,7 @@ def _check_lengths(target, prompt_ids: list[int], max_new_tokens: int, margin: i
 # --------------------------------------------------------------------------- decoding
 @torch.inference_mode()
 def plain_generate(
-    target,
+    target: PreTrainedModel,
     prompt_ids: list[int],
     max_new_tokens: int,
     eos_token_ids: set[int],
@@ -196,7 +205,7 @@ def plain_generate(
 
 
 def _draft_chain(
-    drafter, logits: Tensor, hidden_out: Tensor, position: int, k: int, cache, sampler=None
+    drafter: Eagle3Drafter, logits: Tensor, hidden_out: Tensor, position: int, k: int, cache, sampler=None
 ) -> tuple[list[int], list[Tensor]]:
     """k drafts: d_1 from the extend's last `logits` [D]; each further step feeds back `hidden_out`
     [1, 1, H] of the previous step and that step's draft id, one RoPE position further on.
@@ -224,8 +233,8 @@ def _draft_chain(
 
 @torch.inference_mode()
 def speculative_generate(
-    target,
-    drafter,
+    target: PreTrainedModel,
+    drafter: Eagle3Drafter,
     prompt_ids: list[int],
     max_new_tokens: int,
     num_draft_tokens: int,
@@ -333,13 +342,9 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _rate(num: int, den: int) -> float | None:
-    return num / den if den else None
-
-
 def evaluate_specdec(
     model_dir: str | os.PathLike,
-    drafter,
+    drafter: Eagle3Drafter,
     prompts: list[list[int]],
     *,
     max_new_tokens: int,
@@ -352,7 +357,7 @@ def evaluate_specdec(
     temperature: float = 0.0,
     seed: int = 0,
     greedy_cache: dict | None = None,
-    target=None,
+    target: PreTrainedModel | None = None,
 ) -> dict:
     """Speculative vs plain decoding over `prompts`: tau, acceptance by draft position, speed.
 
@@ -418,8 +423,8 @@ def evaluate_specdec(
             if not row["equal"]:
                 mismatches.append({"prompt": index, "first_mismatch": row["first_mismatch"]})
         per_prompt.append(row)
-    spec_tps = _rate(totals["spec_tokens"], totals["spec_seconds"])
-    greedy_tps = _rate(totals["greedy_tokens"], totals["greedy_seconds"]) if check_equal else None
+    spec_tps = ratio(totals["spec_tokens"], totals["spec_seconds"])
+    greedy_tps = ratio(totals["greedy_tokens"], totals["greedy_seconds"]) if check_equal else None
     return {
         "num_prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
@@ -428,14 +433,10 @@ def evaluate_specdec(
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "temperature": temperature,
-        "tau": _rate(emitted, passes),
+        "tau": tau(emitted, passes),
         "verify_passes": passes,
         "generated_tokens": totals["spec_tokens"],
-        "acceptance_by_position": [_rate(a, n) for a, n in zip(accepted, attempted, strict=True)],
-        "conditional_acceptance_by_position": [_rate(a, n) for a, n in zip(accepted, reached, strict=True)],
-        "position_attempted": attempted,
-        "position_reached": reached,
-        "position_accepted": accepted,
+        **acceptance_by_position(attempted, reached, accepted),
         "spec_tokens_per_s": spec_tps,
         "greedy_tokens_per_s": greedy_tps,  # plain decoding: sampling at temperature > 0
         "speedup": spec_tps / greedy_tps if spec_tps and greedy_tps else None,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eyas.config import EvaluateSettings
+from eyas.config import EvaluateSettings, SglangSettings
+from eyas.core.acceptance import max_prompt_tokens
 from eyas.evaluate.drafters import export_for_serving, load_drafters
 from eyas.evaluate.served import SERVED_FORMAT
 from eyas.evaluate.sets import load_prompt_set
@@ -22,8 +23,8 @@ def run_served(
     export_dir: str,
     model_dir: str,
     out_json: str,
-    settings,
-    engine_settings,
+    settings: EvaluateSettings,
+    engine_settings: SglangSettings,
     baselines: list[dict] | None = None,
     trust_remote_code: bool = False,
     record: dict | None = None,
@@ -33,16 +34,20 @@ def run_served(
     `serve_drafters`'s."""
     import tempfile
 
-    import sglang
-
-    from eyas.engine.sglang import SERVED_OWNED_ARGS, base_engine_args, server_arg_names, user_engine_args
+    from eyas.engine.sglang import (
+        SERVED_OWNED_ARGS,
+        base_engine_args,
+        installed_version,
+        server_arg_names,
+        user_engine_args,
+    )
     from eyas.evaluate.served import serve_drafters, write_served
 
     drafters, _, identity = load_drafters(drafter_dir, model_dir, baselines)
     tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
     config = drafters["trained"].config
     ks = list(settings.num_draft_tokens)
-    max_prompt = config.max_position_embeddings - settings.max_new_tokens - 2 * max(ks) - 2
+    max_prompt = max_prompt_tokens(config.max_position_embeddings, settings.max_new_tokens, ks)
     prompt_sets = {
         name: load_prompt_set(name, path, tokenizer, settings.num_prompts, max_prompt, set_formats.get(name))
         for name, path in set_paths.items()
@@ -66,7 +71,7 @@ def run_served(
         )
     result = {
         "format": SERVED_FORMAT,
-        "sglang_version": sglang.__version__,
+        "sglang_version": installed_version(),
         "engine_args": {k: v for k, v in base.items() if k != "model_path"},
         "settings": specdec_settings(settings)
         | {"num_draft_tokens": ks, "concurrency": settings.concurrency},

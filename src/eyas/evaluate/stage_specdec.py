@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from eyas.config import EvaluateSettings
+from eyas.core.acceptance import max_prompt_tokens
 from eyas.core.atomic import atomic_file
 from eyas.evaluate.drafters import load_drafters
 from eyas.evaluate.sets import load_prompt_set
@@ -59,7 +60,9 @@ def run_specdec_set(
     drafters, _, identity = load_drafters(drafter_dir, model_dir, baselines)
     config = drafters["trained"].config
     tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
-    max_prompt = config.max_position_embeddings - chosen["max_new_tokens"] - 2 * chosen["num_draft_tokens"]
+    max_prompt = max_prompt_tokens(
+        config.max_position_embeddings, chosen["max_new_tokens"], chosen["num_draft_tokens"]
+    )
     prompt_set = load_prompt_set(set_name, set_path, tokenizer, chosen["num_prompts"], max_prompt, set_format)
     if not prompt_set.prompts:
         raise ValueError(f"{set_path}: no {set_name} prompt fits (max {max_prompt} tokens)")

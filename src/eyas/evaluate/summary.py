@@ -12,7 +12,8 @@ import json
 import math
 import os
 
-from eyas.core.atomic import atomic_file, atomic_path
+from eyas.core.atomic import atomic_file
+from eyas.evaluate.figures import new_figure, save_figure
 
 SUMMARY_FORMAT = "eyas.summary/2"  # 2: per-set, per-drafter reports and the tau table
 SPECDEC_FIELDS = (
@@ -180,13 +181,10 @@ def _nan(values: list) -> list[float]:
     return [math.nan if v is None else float(v) for v in values]
 
 
-def plot_acceptance(summary: dict, out_plot: str | os.PathLike) -> None:
-    """PNG: real acceptance by draft position (trained vs untrained) | offline accuracy by TTT step."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10, 4), dpi=100)
-    FigureCanvasAgg(fig)
+def plot_acceptance(summary: dict, out_plot: str | os.PathLike) -> list[dict]:
+    """PNG: real acceptance by draft position (trained vs untrained) | offline accuracy by TTT step.
+    Returns what it plotted (`figures.plotted`)."""
+    fig = new_figure(10, 4)
     left, right = fig.subplots(1, 2)
     head = summary["headline"]
     for key, label, style in (("specdec", "trained", "o-"), ("specdec_untrained", "untrained", "s--")):
@@ -224,9 +222,7 @@ def plot_acceptance(summary: dict, out_plot: str | os.PathLike) -> None:
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.tight_layout()
-    with atomic_path(out_plot) as tmp:
-        fig.savefig(tmp, format="png")
+    return save_figure(fig, out_plot)
 
 
 def write_summary(

@@ -13,6 +13,7 @@ chunks and a pool compresses and writes them (`extract.writer`). Bounded queues 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from eyas.core.logs import Progress
 from eyas.extract.batching import BATCH_OVERHEAD_TOKENS, CPU_BATCH_OVERHEAD_TOKENS, BatchPlan, plan_batches
 from eyas.extract.job import default_writer_threads, open_job, peak_rss_bytes, store_attrs, stored_bytes
 from eyas.extract.staging import PinnedPool, stage_batch
@@ -30,13 +32,15 @@ from eyas.model.target import load_target
 from eyas.store import CHUNK_TOKENS, TokenShard, hidden_store_writer
 from eyas.store.quant import check_storage
 
+log = logging.getLogger("eyas.extract")
+
 WINDOW_BYTES = 4 << 30  # raw states per planning window: bounds partly filled chunks held in memory
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # --------------------------------------------------------------------------- small pure helpers
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """Compute dtype: "auto" is bf16 on CUDA and fp32 on CPU (storage is bf16 either way)."""
+    """Compute dtype: "auto" is bf16 on CUDA and fp32 on CPU (what is stored is `storage`, not this)."""
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -104,6 +108,7 @@ def run_extraction(
         writer = BatchWriter(store, pool, writer_threads)
         capture = TapCapture(model, layer_ids, final=True) if model is not None else None
         bar = tqdm(total=plan.real_tokens, unit="tok", desc=label, disable=not progress)
+        lines = Progress(log, f"extract {out_store}", plan.real_tokens, "tok")
         try:
             if plan.empty:
                 writer.put(empty_rows(plan.empty, groups, hidden, storage))
@@ -116,6 +121,7 @@ def run_extraction(
                 del taps, final
                 writer.put(staged)
                 bar.update(sum(lengths))
+                lines.update(sum(lengths))
             writer.close()
         except BaseException as err:
             writer.abort()

@@ -1,25 +1,26 @@
 """Extract stage, SGLang backend: a stock SGLang engine with aux capture on, rows taken in-process.
 
-The only module that imports sglang (lazily: its pure parts run anywhere). Nothing in SGLang's files
-is edited. The engine's scheduler process is started through `Engine.run_scheduler_process_func` on
-a subclass; there, before the scheduler is built, `install_capture` wraps `ModelRunner.forward`
-(an AFTER hook) and, on releases without a capture-only mode, turns aux capture on.
+With `engine/sglang.py` (which builds every engine's arguments), the only module that imports sglang,
+lazily: its pure parts run anywhere. Nothing in SGLang's files is edited. The engine's scheduler process
+is started through `Engine.run_scheduler_process_func` on a subclass; there, before the scheduler is
+built, `install_capture` wraps `ModelRunner.forward` (an AFTER hook) and, on releases without a
+capture-only mode, turns aux capture on.
 
 Why a hook and not the public `return_hidden_states` (read in the sglang 0.5.23 sources): that path ships
 Python float lists through ZMQ, drops the middle chunks of chunked prefill and never returns the final
 state. The hook sees every extend forward: `forward_batch.rids`, `extend_prefix_lens_cpu`,
 `extend_seq_lens_cpu` say which rows belong to which sample and where in it; the rows are encoded on the
 device, copied into reused pinned buffers on a side stream (`extract.staging`) and written by the same
-writer as the HF backend (`extract.writer`, `HiddenStoreWriter.write_rows` reassembles chunked prefill). The
-store is finished (atomic rename) by the forward that completes the last sample, before SGLang answers that
-request, so it exists when the last `generate` call returns.
-"""
+writer as the HF backend (`extract.writer`, `HiddenStoreWriter.write_rows` reassembles chunked prefill).
+The store is finished (atomic rename) by the forward that completes the last sample, before SGLang
+answers that request, so it exists when the last `generate` call returns."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import json
+import logging
 import os
 import time
 import uuid
@@ -29,9 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eyas.config import SglangSettings, stage_settings
+from eyas.config import SglangSettings
 from eyas.core.atomic import atomic_file
 from eyas.core.layer_ids import sglang_layer_ids, text_model_type
+from eyas.core.logs import Progress, child_stage_logging, keep_stage_logging
 from eyas.engine.sglang import base_engine_args, check_tested, server_arg_names, user_engine_args
 from eyas.extract.job import (
     default_writer_threads,
@@ -44,6 +46,8 @@ from eyas.extract.staging import PinnedPool, stage_batch
 from eyas.extract.writer import BatchWriter, empty_rows
 from eyas.store import CHUNK_TOKENS, hidden_store_writer, read_token_shard
 from eyas.store.quant import check_storage
+
+log = logging.getLogger("eyas.extract")
 
 BUILTIN_CAPTURE_FROM = (0, 5, 22)  # `enable_return_aux_hidden_states` (capture-only mode) exists
 WARMUP_REQUESTS = 8
@@ -306,6 +310,7 @@ def _keep_final_state() -> None:
 
 def scheduler_process(spec: CaptureSpec, *args, **kwargs):
     """`run_scheduler_process_func` of the capture engine: install the capture, then run SGLang's."""
+    child_stage_logging()
     install_capture(spec)
     from sglang.srt.managers.scheduler import run_scheduler_process
 
@@ -313,7 +318,7 @@ def scheduler_process(spec: CaptureSpec, *args, **kwargs):
 
 
 # --------------------------------------------------------------------------- the stage (job process)
-# Engine args the capture depends on, or that have keys of their own in `extract.sglang`.
+# Engine args the capture depends on, or that have keys of their own in the `sglang` section.
 OWNED_ARGS = frozenset(
     {
         "model_path",
@@ -336,16 +341,15 @@ OWNED_ARGS = frozenset(
 def engine_args(
     route: str,
     sglang_ids: list[int],
-    settings: dict,
+    settings: SglangSettings,
     model_dir: str,
     dtype: str,
     trust: bool,
     known: set[str] | None = None,
 ) -> dict:
-    """The capture engine's args: every engine's (`sglang_engine.base_engine_args`, from the
-    `extract.sglang` section as plain values) plus what capture needs."""
-    typed = stage_settings(SglangSettings, settings)
-    args = base_engine_args(typed, model_dir, dtype, trust) | {
+    """The capture engine's args: every engine's (`eyas.engine.sglang.base_engine_args`, from the
+    `sglang` section) plus what capture needs."""
+    args = base_engine_args(settings, model_dir, dtype, trust) | {
         "disable_radix_cache": True,  # a cached prefix is never computed, so never captured
         "disable_cuda_graph": True,  # decode graphs: nothing is decoded, so not worth their start-up
         "sampling_backend": "pytorch",  # nothing is sampled either: no sampler kernels to build
@@ -358,7 +362,7 @@ def engine_args(
         }
     else:
         args |= {"enable_return_hidden_states": True}  # FULL capture mode on every extend batch
-    return args | user_engine_args(typed.engine_args, known, OWNED_ARGS)
+    return args | user_engine_args(settings.engine_args, known, OWNED_ARGS)
 
 
 def capture_engine_class(spec: CaptureSpec):
@@ -377,7 +381,7 @@ def extract_shard_sglang(
     *,
     layer_ids: list[int],
     model_id: str,
-    settings: dict,
+    settings: SglangSettings,
     dtype: str = "auto",
     trust_remote_code: bool = False,
     storage: str = "bf16",
@@ -409,8 +413,8 @@ def extract_shard_sglang(
         "sglang_layer_ids": sglang_ids,
         "sglang_model_type": model_type,
         "capture_route": route,
-        "tp_size": settings["tp_size"],
-        "chunked_prefill_size": settings["chunked_prefill_size"],
+        "tp_size": settings.tp_size,
+        "chunked_prefill_size": settings.chunked_prefill_size,
     }
     stats_path = f"{os.fspath(out_store).rstrip('/')}.stats.json"
     with contextlib.suppress(FileNotFoundError):
@@ -451,6 +455,7 @@ def extract_shard_sglang(
             server_arg_names(),
         )
     )
+    keep_stage_logging()  # SGLang's configure_logger reset the root logger as the engine started
     try:
         # Kernels compile on first use: a few requests under other rids (the hook skips them) first,
         # so the timed part is the steady state the job spends its hours in.
@@ -461,7 +466,8 @@ def extract_shard_sglang(
             rid=[f"warmup-{spec.rid_prefix}{i}" for i in warm],
         )
         load_seconds = time.perf_counter() - start
-        step = settings["requests_per_call"]
+        step = settings.requests_per_call
+        progress = Progress(log, f"extract {out_store}", int(lengths.sum()), "tok")
         for lo in range(0, len(todo), step):
             group = todo[lo : lo + step]
             engine.generate(
@@ -469,6 +475,7 @@ def extract_shard_sglang(
                 sampling_params={"max_new_tokens": 0},
                 rid=[request_rid(spec.rid_prefix, i) for i in group],
             )
+            progress.update(int(lengths[group].sum()))
         seconds = time.perf_counter() - start - load_seconds
     finally:
         engine.shutdown()

@@ -36,12 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         default="assistant",
         choices=("assistant", "eyas-targets"),
         help="assistant: eyas's mask as is (SpecForge's own convention); eyas-targets: shifted by two so "
-        "SpecForge's loss positions equal eyas's (src/eyas/specforge_export.py)",
+        "SpecForge's loss positions equal eyas's (src/eyas/interop/specforge_export.py)",
     )
     prep = commands.add_parser(
         "specforge-prepare",
         help="write what SpecForge 0.2.0's own trainer needs to train on an export-specforge dump "
-        "(draft config, vocab mapping, target head dir, run.yaml; src/eyas/specforge_train.py)",
+        "(draft config, vocab mapping, target head dir, run.yaml; src/eyas/interop/specforge_train.py)",
     )
     prep.add_argument("dump", help="the export-specforge dump (holds eyas-export.json)")
     prep.add_argument("out", help="output dir: draft_config.json, vocab_mapping.pt, target/, run.yaml")

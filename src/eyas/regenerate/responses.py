@@ -22,13 +22,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
+from eyas.config import RegenerateSettings, SglangSettings
 from eyas.core.atomic import atomic_file
+from eyas.core.logs import Progress, heartbeat
 from eyas.data.formats import sample_id
 from eyas.data.tokenize import SampleRejected, read_prepared, render_prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger("eyas.regenerate")
 
@@ -38,7 +44,14 @@ def _batches(order: list[int], batch_size: int) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def generate_batch(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int, temperature: float):
+def generate_batch(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+):
     """Continuations (token lists, through the first eos exclusive) of left-padded `prompts`."""
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -69,7 +82,15 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], *, max_new_tokens
 class HFGenerator:
     """Batched Hugging Face generation: prompts sorted by length, `batch_size` at a time."""
 
-    def __init__(self, model, tokenizer, *, batch_size: int, max_new_tokens: int, temperature: float):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        batch_size: int,
+        max_new_tokens: int,
+        temperature: float,
+    ):
         if batch_size < 1 or max_new_tokens < 1:
             raise ValueError(f"batch_size={batch_size} and max_new_tokens={max_new_tokens} must be >= 1")
         self.model, self.tokenizer = model, tokenizer
@@ -79,6 +100,7 @@ class HFGenerator:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[list[int]] = [[] for _ in prompts]
         batches = _batches(order, self.batch_size)
+        lines = Progress(log, "regenerate", len(prompts), "prompts")
         for batch in tqdm(batches, desc="regenerate", unit="batch", disable=len(batches) < 2):
             outputs = generate_batch(
                 self.model,
@@ -89,6 +111,7 @@ class HFGenerator:
             )
             for i, tokens in zip(batch, outputs, strict=True):
                 results[i] = tokens
+            lines.update(len(batch))
         return results
 
 
@@ -102,7 +125,9 @@ class SglangGenerator:
     def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
         if not prompts:
             return []
-        outputs = self.engine.generate(input_ids=prompts, sampling_params=self.sampling)
+        # One call holds every prompt (the engine batches them itself): a heartbeat shows it is alive.
+        with heartbeat(log, f"regenerate: {len(prompts)} prompts in the engine"):
+            outputs = self.engine.generate(input_ids=prompts, sampling_params=self.sampling)
         return [_cut_at_eos(out["output_ids"], self.eos) for out in outputs]
 
 
@@ -118,7 +143,9 @@ def _assistant_turns(messages: list[dict], turns: str) -> list[int]:
     return positions if turns == "all" else positions[-1:]
 
 
-def _stream_round(streams, round_index, records, tokenizer, generate, max_prompt_length, stats) -> int:
+def _stream_round(
+    streams, round_index, records, tokenizer: PreTrainedTokenizerBase, generate, max_prompt_length, stats
+) -> int:
     """Regenerate turn `round_index` of every live stream (one generate call); returns new tokens."""
     todo, prompts = [], []
     for stream in streams:
@@ -151,7 +178,7 @@ def regenerate_split(
     conversations: str | os.PathLike,
     out_path: str | os.PathLike,
     generate,
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     *,
     max_prompt_length: int,
     samples: int = 1,
@@ -220,13 +247,13 @@ def run_regenerate(
     out_stats: str | os.PathLike,
     model_dir: str | os.PathLike,
     *,
-    settings,
-    engine_settings,
+    settings: RegenerateSettings,
+    engine_settings: SglangSettings,
     max_length: int,
     trust_remote_code: bool = False,
 ) -> dict:
     """The regenerate stage (rule regenerate): `settings` (RegenerateSettings) picks the backend,
-    `engine_settings` (extract.sglang) configures an SGLang engine. Both outputs are written
+    `engine_settings` (the `sglang` section) configures an SGLang engine. Both outputs are written
     atomically, the conversations once every response is in; an SGLang engine that dies first raises
     `EngineDied` and neither output is written. Returns the counts."""
     from eyas.model.target import load_target, load_tokenizer, resolve_device

@@ -26,14 +26,20 @@ import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
+from eyas.config import TrainSettings
 from eyas.core.atomic import atomic_dir
+from eyas.core.diskspace import check_fits, gib
 from eyas.model.drafter import Eagle3Drafter
 from eyas.train import distributed
+
+if TYPE_CHECKING:
+    from eyas.train.parallel import Replicated
 
 log = logging.getLogger("eyas.train")
 
@@ -46,7 +52,7 @@ def checkpoint_dir(out_dir: str | os.PathLike) -> Path:
     return out.with_name(out.name + "-checkpoint")
 
 
-def fingerprint(settings, inputs: dict) -> str:
+def fingerprint(settings: TrainSettings, inputs: dict) -> str:
     """sha256 of the settings that change the result and the identities of the inputs."""
     relevant = {k: v for k, v in dataclasses.asdict(settings).items() if k not in NOT_FINGERPRINTED}
     return hashlib.sha256(json.dumps([relevant, inputs], sort_keys=True).encode()).hexdigest()
@@ -95,6 +101,22 @@ class CheckpointError(RuntimeError):
 
 class CheckpointInvalid(Exception):
     """A checkpoint on disk fails verification; the message names the file and what is wrong."""
+
+
+# On disk at once while a checkpoint is written: the new one, the latest and the previous (removed only
+# once the new one is complete), besides the best epoch's weights and the output's.
+CHECKPOINTS_ON_DISK = 3
+
+
+def checkpoint_bytes(model: nn.Module) -> int:
+    """A checkpoint's size: the drafter's weights and AdamW's two moments of each trained weight."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    moments = sum(2 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return weights + moments
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
 def previous_dir(path: Path) -> Path:
@@ -295,6 +317,20 @@ class Checkpointer:
         self.latest_is_bad = False
         """The checkpoint at `dir` failed verification (the next save sets it aside, see `find`)."""
 
+    def check_disk(self, model: nn.Module) -> None:
+        """Rank 0: refuse (`DiskSpaceError`) a run whose checkpoints and outputs will not fit beside
+        `out_dir`; what earlier runs left there (resumed from, replaced) counts as already taken."""
+        if not self.world.main:
+            return
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        need = CHECKPOINTS_ON_DISK * checkpoint_bytes(model) + 2 * weights
+        dirs = (self.dir, previous_dir(self.dir), self.best_dir, self.out_dir)
+        need -= sum(_dir_bytes(d) for d in dirs)
+        what = (
+            f"train: {CHECKPOINTS_ON_DISK} checkpoints of {gib(checkpoint_bytes(model))} and 2 drafter copies"
+        )
+        check_fits(self.dir, need, what)
+
     def find(self) -> tuple[Path, dict] | None:
         """(directory, train state) of a checkpoint this run can resume from, or None. A latest
         checkpoint that fails verification is skipped for the previous one, with a warning naming
@@ -323,7 +359,14 @@ class Checkpointer:
         """The checkpoint's weights into the whole model (before it is spread over the ranks)."""
         model.load_state_dict(Eagle3Drafter.from_pretrained(found[0], map_location=device).state_dict())
 
-    def restore(self, found: tuple[Path, dict], run: RunState, spread, optimizer, scheduler) -> None:
+    def restore(
+        self,
+        found: tuple[Path, dict],
+        run: RunState,
+        spread: Replicated,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ) -> None:
         """Optimizer, scheduler, RNG states and the run state from a checkpoint `find` returned."""
         path, state = found
         spread.load_optimizer_state(optimizer, state["optimizer"])
@@ -338,7 +381,13 @@ class Checkpointer:
         log.info("resuming from %s at step %d (epoch %d, step group %d)", path, run.step, run.epoch,
                  run.group_in_epoch)  # fmt: skip
 
-    def save(self, run: RunState, spread, optimizer, scheduler) -> Eagle3Drafter | None:
+    def save(
+        self,
+        run: RunState,
+        spread: Replicated,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ) -> Eagle3Drafter | None:
         """Save a checkpoint; returns the gathered drafter it saved (rank 0; None elsewhere)."""
         state = {  # collectives (seen, sharded optimizer state): every rank takes part
             "fingerprint": self.fingerprint,

@@ -13,18 +13,23 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
+from eyas.core.acceptance import ratio, simulated_tau
 from eyas.model.target import load_embed_and_head
 from eyas.store import ProvenanceError
 from eyas.train.loader import PairedLoader, pad_multiple_for
-from eyas.train.loss import simulated_tau, teacher_from_final, ttt_loss
+from eyas.train.loss import teacher_from_final, ttt_loss
+
+if TYPE_CHECKING:
+    from eyas.model.drafter import Eagle3Drafter
 
 DEFAULT_TOKEN_BUDGET = 1024  # padded tokens per batch: step logits are [B, T, D] fp32 for every step
 
 
-def _check_drafter_matches(drafter, store_attrs: list[dict], hidden_stores: list[str]) -> None:
+def _check_drafter_matches(drafter: Eagle3Drafter, store_attrs: list[dict], hidden_stores: list[str]) -> None:
     """The drafter must read the taps these stores hold, at the width they hold."""
     config = drafter.config
     for attrs, path in zip(store_attrs, hidden_stores, strict=True):
@@ -36,13 +41,9 @@ def _check_drafter_matches(drafter, store_attrs: list[dict], hidden_stores: list
                 )
 
 
-def _ratio(num: float, den: int) -> float | None:
-    return num / den if den else None
-
-
 @torch.no_grad()
 def evaluate_offline(
-    drafter,
+    drafter: Eagle3Drafter,
     token_shards: list[str],
     hidden_stores: list[str],
     model_dir: str | os.PathLike,
@@ -96,9 +97,9 @@ def evaluate_offline(
     count = [int(c) for c in sums["count"]]
     cond_count = [int(c) for c in sums["cond_count"]]
     # Counts are integers, correct sums are integers up to float rounding of acc * count.
-    accuracy = [_ratio(round(c), n) for c, n in zip(sums["correct"], count, strict=True)]
-    conditional = [_ratio(round(c), n) for c, n in zip(sums["cond_correct"], cond_count, strict=True)]
-    loss = [_ratio(s, n) for s, n in zip(sums["loss"], count, strict=True)]
+    accuracy = [ratio(round(c), n) for c, n in zip(sums["correct"], count, strict=True)]
+    conditional = [ratio(round(c), n) for c, n in zip(sums["cond_correct"], cond_count, strict=True)]
+    loss = [ratio(s, n) for s, n in zip(sums["loss"], count, strict=True)]
     return {
         "ttt_steps": ttt_steps,
         "num_samples": len(loader.samples),

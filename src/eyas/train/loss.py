@@ -93,15 +93,6 @@ def ttt_loss(
     return total, metrics
 
 
-def simulated_tau(conditional_acc: list[float]) -> float:
-    """Expected accepted length of a chain draft: 1 + sum_k prod_{j<=k} acc_j."""
-    tau, prod = 1.0, 1.0
-    for acc in conditional_acc:
-        prod *= acc
-        tau += prod
-    return tau
-
-
 # --------------------------------------------------------------------------- chunked training loss
 ROW_CHUNK = 1024  # loss rows per block: [1024, D] fp32 logits/teacher/grad at a time (128 MB at D = 32k)
 

@@ -12,14 +12,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eyas.config import TrainSettings
 from eyas.model.drafter import mlp_recompute_needed
 from eyas.train import distributed
 from eyas.train.loss import step_counts, teacher_cache_fits, teacher_in_vocab
 from eyas.train.parallel import Replicated, padding_batch
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from eyas.train.checkpoint import Checkpointer, RunState
     from eyas.train.csvlog import TrainLog
+    from eyas.train.loader import Batch
     from eyas.train.preemption import StopRequest
 
 log = logging.getLogger("eyas.train")
@@ -28,7 +32,14 @@ log = logging.getLogger("eyas.train")
 class Teacher:
     """The target head on the training device: full [V, H] for the in-vocab argmax, [D, H] draft rows."""
 
-    def __init__(self, head: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor, device, dtype):
+    def __init__(
+        self,
+        head: torch.Tensor,
+        d2t: torch.Tensor,
+        t2d: torch.Tensor,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
         self.head = head.to(device, dtype)  # [V, H] teacher matmuls run in the autocast dtype
         self.draft_head = self.head[(torch.arange(len(d2t)) + d2t).to(device)]  # [D, H]
         self.t2d = t2d.to(device)  # [V] bool
@@ -44,7 +55,13 @@ def activation_budget(device: torch.device) -> float:
 
 
 def train_step(
-    spread: Replicated, teacher: Teacher, micro, settings, amp, device, stop: bool = False
+    spread: Replicated,
+    teacher: Teacher,
+    micro: list[Batch | None],
+    settings: TrainSettings,
+    amp: torch.dtype | None,
+    device: torch.device,
+    stop: bool = False,
 ) -> dict:
     """Forward/backward of this rank's micro-batches (None = an empty slot), gradients summed over ranks.
 
@@ -135,15 +152,16 @@ class OptimizerStep:
     global (summed over ranks), so every rank stops at the same step."""
 
     def __init__(
-        self, spread, teacher: Teacher, optimizer, scheduler, settings, amp, device, log: TrainLog,
-        checkpointer: Checkpointer, stop: StopRequest,
+        self, spread: Replicated, teacher: Teacher, optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler, settings: TrainSettings, amp: torch.dtype | None,
+        device: torch.device, log: TrainLog, checkpointer: Checkpointer, stop: StopRequest,
     ):  # fmt: skip
         self.spread, self.teacher, self.optimizer, self.scheduler = spread, teacher, optimizer, scheduler
         self.settings, self.amp, self.device, self.log = settings, amp, device, log
         self.checkpointer, self.stop = checkpointer, stop
         self.waited = 0.0  # seconds this process waited for the loader's batches (not checkpointed)
 
-    def __call__(self, run: RunState, batches, share: list) -> dict:
+    def __call__(self, run: RunState, batches: Iterator[Batch | None], share: list) -> dict:
         """Draw this rank's grad_accum micro-batches from `batches` (its `share` of the step group:
         sample rows per micro-batch, None for an empty slot). Returns the step's global metrics."""
         started = time.perf_counter()

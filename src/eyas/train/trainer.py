@@ -33,7 +33,7 @@ from eyas.train import distributed
 from eyas.train.checkpoint import Checkpointer, RunState, fingerprint
 from eyas.train.csvlog import TrainLog
 from eyas.train.loader import PairedLoader, pad_multiple_for
-from eyas.train.parallel import spread_over_ranks
+from eyas.train.parallel import Replicated, spread_over_ranks
 from eyas.train.preemption import Preempted, StopRequest
 from eyas.train.step import EpochPace, OptimizerStep, Teacher
 from eyas.train.validation import EpochEnd, HeldoutMetrics
@@ -154,7 +154,14 @@ def loader_readers(device: torch.device, threads: int | None) -> int:
     return max(1, min(4, (threads or os.cpu_count() or 2) // 2))
 
 
-def make_loader(settings, token_shards, hidden_stores, expected_provenance, device, threads) -> PairedLoader:
+def make_loader(
+    settings: TrainSettings,
+    token_shards: list[str],
+    hidden_stores: list[str],
+    expected_provenance: dict,
+    device: torch.device,
+    threads: int | None,
+) -> PairedLoader:
     """The streaming loader over the (token shard, hidden store) pairs, its readers sized to the device."""
     return PairedLoader(
         token_shards,
@@ -170,7 +177,13 @@ def make_loader(settings, token_shards, hidden_stores, expected_provenance, devi
 
 
 def build_drafter(
-    settings, loader: PairedLoader, hidden_stores, vocab_path, model_dir, device, amp
+    settings: TrainSettings,
+    loader: PairedLoader,
+    hidden_stores: list[str],
+    vocab_path: str,
+    model_dir: str,
+    device: torch.device,
+    amp: torch.dtype | None,
 ) -> tuple[Eagle3Drafter, Teacher, dict]:
     """The drafter (on `device`, in train mode), the teacher head, and the stores' attrs."""
     d2t, t2d, vocab_meta = load_draft_vocab(vocab_path)
@@ -181,7 +194,7 @@ def build_drafter(
     return model, teacher, attrs
 
 
-def total_steps(settings, loader: PairedLoader, world_size: int) -> int:
+def total_steps(settings: TrainSettings, loader: PairedLoader, world_size: int) -> int:
     """Optimizer steps of the run: every epoch's step groups, capped by max_steps."""
     per_epoch = [
         len(distributed.step_groups(loader.plan(e), world_size, settings.grad_accum))
@@ -190,7 +203,9 @@ def total_steps(settings, loader: PairedLoader, world_size: int) -> int:
     return sum(per_epoch) if settings.max_steps is None else min(settings.max_steps, sum(per_epoch))
 
 
-def optimizer_and_schedule(spread, settings, total: int):
+def optimizer_and_schedule(
+    spread: Replicated, settings: TrainSettings, total: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """AdamW over the trainable weights and its warmup + cosine schedule over `total` steps."""
     optimizer = torch.optim.AdamW(param_groups(spread.objective, settings.weight_decay), lr=settings.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -199,7 +214,9 @@ def optimizer_and_schedule(spread, settings, total: int):
     return optimizer, scheduler
 
 
-def provenance(settings, loader: PairedLoader, attrs: dict, vocab_path: str, world) -> tuple[dict, str]:
+def provenance(
+    settings: TrainSettings, loader: PairedLoader, attrs: dict, vocab_path: str, world: distributed.World
+) -> tuple[dict, str]:
     """(what the drafter's config records of its inputs, the checkpoint fingerprint of this run)."""
     vocab_hash = sha256_file(vocab_path)
     extra = {k: attrs.get(k) for k in DRAFTER_PROVENANCE}
@@ -221,12 +238,12 @@ class Session:
     """Everything the epoch loop works with, built once by `start_session` (resumed when a
     checkpoint of the same run exists)."""
 
-    settings: object
+    settings: TrainSettings
     world: distributed.World
     loader: PairedLoader
     run: RunState
     total: int
-    spread: object
+    spread: Replicated
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     checkpointer: Checkpointer
@@ -237,7 +254,7 @@ class Session:
 
 
 def train(
-    settings,
+    settings: TrainSettings,
     *,
     token_shards: list[str],
     hidden_stores: list[str],
@@ -295,8 +312,9 @@ def train(
 
 
 def start_session(
-    settings, token_shards, hidden_stores, vocab_path, model_dir, out_dir, log_path,
-    expected_provenance, heldout, threads,
+    settings: TrainSettings, token_shards: list[str], hidden_stores: list[str], vocab_path: str,
+    model_dir: str, out_dir: str, log_path: str, expected_provenance: dict, heldout: dict | None,
+    threads: int | None,
 ) -> Session:  # fmt: skip
     """Loader, drafter, optimizer and schedule, resumed from this run's checkpoint when one exists."""
     world = distributed.current_world()
@@ -310,6 +328,7 @@ def start_session(
     run = RunState(seen=torch.zeros(len(loader.samples), dtype=torch.int32))
     checkpointer = Checkpointer(out_dir, fp, extra, world)
     found = checkpointer.find()
+    checkpointer.check_disk(model)
     if found is not None:  # weights before they are spread over the ranks
         checkpointer.load_weights(model, found, device)
     spread = spread_over_ranks(model, settings.parallel, world, device)
@@ -332,7 +351,7 @@ def start_session(
     )  # fmt: skip
 
 
-def run_epochs(s: Session, bar) -> dict:
+def run_epochs(s: Session, bar: tqdm) -> dict:
     """Optimizer steps until `total` or the last epoch; returns the last step's metrics."""
     settings, run, world = s.settings, s.run, s.world
     metrics: dict = {"acc": [], "loss": None}
@@ -366,7 +385,7 @@ def run_epochs(s: Session, bar) -> dict:
     return metrics
 
 
-def padded_slots(loader: PairedLoader, epoch: int, world_size: int, settings) -> int:
+def padded_slots(loader: PairedLoader, epoch: int, world_size: int, settings: TrainSettings) -> int:
     """Empty micro-batch slots of an epoch (its batches do not fill every rank's last step group)."""
     return distributed.padded_slots(len(loader.plan(epoch)), world_size, settings.grad_accum)
 

@@ -7,9 +7,11 @@ import logging
 
 import torch
 
+from eyas.model.drafter import Eagle3Drafter
 from eyas.train import distributed
 from eyas.train.checkpoint import Checkpointer, RunState
 from eyas.train.heldout import evaluate_offline
+from eyas.train.parallel import Replicated
 
 log = logging.getLogger("eyas.train")
 
@@ -17,14 +19,14 @@ log = logging.getLogger("eyas.train")
 class HeldoutMetrics:
     """Offline metrics (simulated tau, per-step accuracy) of given weights on the held-out stores."""
 
-    def __init__(self, heldout: dict, model_dir: str, expected: dict, ttt_steps: int, device):
+    def __init__(self, heldout: dict, model_dir: str, expected: dict, ttt_steps: int, device: torch.device):
         self.heldout = heldout
         self.model_dir = model_dir
         self.expected = expected
         self.ttt_steps = ttt_steps
         self.device = device
 
-    def __call__(self, model) -> dict:
+    def __call__(self, model: Eagle3Drafter) -> dict:
         metrics = evaluate_offline(
             model,
             self.heldout["token_shards"],
@@ -41,7 +43,7 @@ class HeldoutMetrics:
 class EpochEnd:
     """Closes an epoch: records it in `run.epochs` (collective: every rank calls it)."""
 
-    def __init__(self, spread, checkpointer: Checkpointer, heldout: HeldoutMetrics | None):
+    def __init__(self, spread: Replicated, checkpointer: Checkpointer, heldout: HeldoutMetrics | None):
         self.spread, self.checkpointer, self.heldout = spread, checkpointer, heldout
 
     def __call__(self, run: RunState, complete: bool, padded: int) -> None:

@@ -3,7 +3,7 @@
 # benches: install the wheels carried in .whl (zarr, numcodecs, donfig, google-crc32c, gguf; fetched here
 # with `pip download --python-version 3.12 ...`, see the device notes in bench/README.md) and, when the
 # SmolLM2 GGUF was carried in pieces (.dev/p1, .dev/p2), reassemble it and convert it to an HF dir.
-# Source it:  . bench/gpu_setup.sh   (exports PYTHONPATH)
+# Source it:  . bench/gpu/gpu_setup.sh   (exports PYTHONPATH)
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="$PWD/src:/tmp/site"

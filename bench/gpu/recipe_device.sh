@@ -2,16 +2,16 @@
 # The GPU recipe (config/gpu-smollm2.yaml) through Snakemake on a lent H200 (no network there), in
 # steps that fit the device calls (bench/README.md, "GPU recipe"):
 #
-#   bash bench/recipe_device.sh site                 # carried .sgls (sglang 0.5.17 site)
-#   bash bench/recipe_device.sh part1                # carried .dev/p1 (first half of the SmolLM2 GGUF), .smk
-#   bash bench/recipe_device.sh model                # carried .dev/p2, .whl: the HF dir /root/smollm2
-#   bash bench/recipe_device.sh start RUN [snakemake args...]   # Snakemake in the background, in RUN
+#   bash bench/gpu/recipe_device.sh site                 # carried .sgls (sglang 0.5.17 site)
+#   bash bench/gpu/recipe_device.sh part1                # carried .dev/p1 (first half of the SmolLM2 GGUF), .smk
+#   bash bench/gpu/recipe_device.sh model                # carried .dev/p2, .whl: the HF dir /root/smollm2
+#   bash bench/gpu/recipe_device.sh start RUN [snakemake args...]   # Snakemake in the background, in RUN
 #                                              (EXTRA_CONFIG="regenerate={enabled: false}": more --config)
-#   bash bench/recipe_device.sh wait RUN SECONDS OUT            # until it ends or SECONDS pass; copies
+#   bash bench/gpu/recipe_device.sh wait RUN SECONDS OUT            # until it ends or SECONDS pass; copies
 #                                                               # RUN's small results to OUT
-#   bash bench/recipe_device.sh sweep PLAN [AFTER_RUN]          # bench/recipe_sweep.py in the background
+#   bash bench/gpu/recipe_device.sh sweep PLAN [AFTER_RUN]          # bench/studies/recipe_sweep.py in the background
 #                                              (with AFTER_RUN: once that run's Snakemake finished)
-#   bash bench/recipe_device.sh waitsweep SECONDS OUT           # until it ends; its JSON and log to OUT
+#   bash bench/gpu/recipe_device.sh waitsweep SECONDS OUT           # until it ends; its JSON and log to OUT
 #
 # .smk/smk.tar.xz: snakemake 9.27.1 and the dependencies the GPU image lacks, installed for Python 3.12
 # (pulp's bundled CBC binaries left out: runs use --scheduler greedy). .devdata: the five llamafactory
@@ -37,7 +37,7 @@ case $step in
     ;;
   model)
     mkdir -p .dev/p1 && cp /root/p1/* .dev/p1/
-    . bench/gpu_setup.sh
+    . bench/gpu/gpu_setup.sh
     ;;
   start)
     run=$1; shift
@@ -85,7 +85,7 @@ case $step in
     # AFTER_RUN: start only when that run's Snakemake has ended, and only if it finished every step
     # (so one call can start the pipeline and queue the sweep behind it; later calls only wait)
     plan=$1 after=${2:-}
-    cp bench/recipe_sweep.py "$plan" /root/eyas/
+    cp bench/studies/recipe_sweep.py "$plan" /root/eyas/
     cd /root/eyas
     setsid nohup bash -c '
       after=$1; shift

@@ -1,8 +1,8 @@
 """τ against data: the served τ of the data-curve variants of `recipe_sweep.py` reports, as a JSON and a plot.
 
-    python bench/plot_tau_vs_data.py bench/results/recipe-curve-*.json --out docs/tau-vs-data
+    python bench/studies/plot_tau_vs_data.py bench/results/recipe-curve-*.json --out docs/tau-vs-data
 
-A variant named `<series>-<percent>` (e.g. `regen-50`, `dataset-25`, bench/recipe_curve.json) is the
+A variant named `<series>-<percent>` (e.g. `regen-50`, `dataset-25`, bench/studies/recipe_curve.json) is the
 point (percent of the training conversations, served τ at each k) of its series. Writes OUT.json (the
 points, with training samples, simulated τ and the reports they came from) and OUT.png (one panel per k).
 """

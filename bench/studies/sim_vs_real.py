@@ -18,7 +18,7 @@ counts only where the target's greedy token is in the draft vocab, correct = dra
 teacher's argmax over the draft vocab), and `serving`, what verification accepts (every position counts,
 correct = the drafter's target id equals the target's greedy token over the full vocab).
 
-  .venv/bin/python bench/sim_vs_real.py --results RESULTS_DIR --out bench/results/sim-vs-real-cpu.json
+  .venv/bin/python bench/studies/sim_vs_real.py --results RESULTS_DIR --out bench/results/sim-vs-real-cpu.json
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ from pathlib import Path
 
 import torch
 
+from eyas.core.acceptance import max_prompt_tokens, ratio, simulated_tau
 from eyas.core.atomic import atomic_file
 from eyas.data.tokenize import SampleRejected, build_sample, read_prepared, render_prompt
 from eyas.evaluate.specdec import evaluate_specdec, plain_generate
 from eyas.model.capture import TapCapture
 from eyas.model.drafter import Eagle3Drafter
 from eyas.model.target import load_embed_and_head, load_target, load_tokenizer
-from eyas.train.loss import shift_left, simulated_tau, teacher_from_final, ttt_loss
+from eyas.train.loss import shift_left, teacher_from_final, ttt_loss
 
 
 def prompts_and_responses(eval_jsonl: Path, tokenizer, limit: int, max_prompt: int) -> list[dict]:
@@ -71,8 +72,8 @@ class Tally:
 
     def report(self) -> dict:
         s = self.sums
-        acc = [c / n if n else None for c, n in zip(s["correct"], s["count"], strict=True)]
-        cond = [c / n if n else None for c, n in zip(s["cond_correct"], s["cond_count"], strict=True)]
+        acc = [ratio(c, n) for c, n in zip(s["correct"], s["count"], strict=True)]
+        cond = [ratio(c, n) for c, n in zip(s["cond_correct"], s["cond_count"], strict=True)]
         return {
             **s,
             "accuracy": acc,
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     _, head = load_embed_and_head(model_dir)
     head = head.float()  # [V, H]
     eos = {tokenizer.eos_token_id}
-    max_prompt = drafter.config.max_position_embeddings - args.max_new_tokens - 2 * args.k
+    max_prompt = max_prompt_tokens(drafter.config.max_position_embeddings, args.max_new_tokens, args.k)
     items = prompts_and_responses(
         args.results / "prepared/eval.jsonl", tokenizer, args.num_prompts, max_prompt
     )

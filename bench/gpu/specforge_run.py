@@ -1,6 +1,6 @@
 """Run SpecForge 0.2.0's own trainer (`specforge train --config RUN_YAML`) in this process and measure it.
 
-    python bench/specforge_run.py --config run.yaml --out metrics.json [--cpu-reference-loss]
+    python bench/gpu/specforge_run.py --config run.yaml --out metrics.json [--cpu-reference-loss]
 
 With one process SpecForge's launcher runs the worker in the calling process (specforge/launch_plan.py
 `build_launch_plan`: a world size of 1 gives a "worker" plan, no torchrun), so `specforge.cli.main` is

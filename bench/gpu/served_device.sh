@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The served-evaluation and regeneration measurements of bench/README.md on a lent H200, after
-# bench/gpu_setup.sh (SmolLM2 in /root/smollm2, the drafter in /root/drafter) and with sglang 0.5.17
+# bench/gpu/gpu_setup.sh (SmolLM2 in /root/smollm2, the drafter in /root/drafter) and with sglang 0.5.17
 # unpacked in /tmp/site (the recipe of docs/sglang.md: triton attention, pytorch sampling, no FA3).
 #
-#   bash bench/served_device.sh OUT_DIR [served|regenerate|hf]...
+#   bash bench/gpu/served_device.sh OUT_DIR [served|regenerate|hf]...
 #
 # Carried: .dev/run/export (results/export/sglang) and .dev/run/data (eval.jsonl, humaneval.jsonl, and a
 # prepared split of >= 1,000 conversations, all_train.jsonl).

@@ -2,7 +2,7 @@
 # SpecForge 0.2.0's own EAGLE-3 trainer on eyas stores, on a lent GPU machine (no network), measured,
 # and its drafter converted into an eyas drafter dir for eyas's served evaluation (evaluate.baselines).
 #
-#   bash bench/specforge_train.sh STORES MODEL OUT
+#   bash bench/gpu/specforge_train.sh STORES MODEL OUT
 #     STORES  an eyas results root with tokens/train/, hidden/train/ and vocab/draft_vocab.safetensors
 #     MODEL   the target's HF dir (the one the stores were extracted from)
 #     OUT     where specforge.json (and the logs) are written, e.g. $OUT of the device call
@@ -20,11 +20,11 @@
 # environment instead of the wheels, PYTHON=.venv/bin/python runs eyas's steps, and CPU_SMOKE=1 adds the
 # three CPU-only changes (fsdp_sharding NO_SHARD, attention sdpa, the plain-torch loss).
 # Steps: install the wheels (/tmp/sf), `eyas export-specforge`, `eyas specforge-prepare` (draft config,
-# vocab mapping, tied-head index, run.yaml), `bench/specforge_run.py` (SpecForge's `specforge train`
+# vocab mapping, tied-head index, run.yaml), `bench/gpu/specforge_run.py` (SpecForge's `specforge train`
 # in-process: wall time, tokens/s, torch.cuda.max_memory_allocated; nvidia-smi polled beside it),
 # `eyas import-specforge-drafter`. Everything lands in OUT/specforge.json.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 STORES=$(realpath "$1") MODEL=$(realpath "$2") OUT=$(mkdir -p "$3" && realpath "$3")
 WORK=${WORK:-/root/specforge}
 DRAFTER=${DRAFTER:-$WORK/drafter}
@@ -36,7 +36,7 @@ mkdir -p "$WORK"
 t0=$SECONDS
 
 # 1. Packages. SpecForge's run sees /tmp/sf first (transformers 5.8.1, its pin, over the image's);
-#    eyas's own steps run on the image's packages plus zarr & co. from .whl (bench/gpu_setup.sh).
+#    eyas's own steps run on the image's packages plus zarr & co. from .whl (bench/gpu/gpu_setup.sh).
 if [[ -z ${SF_PYTHON:-} ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SF" .sfw/*.whl
   SF_RUN=(env PYTHONPATH="$SF" python3)
@@ -70,12 +70,12 @@ set_args=(--set "num_epochs=${EPOCHS:-1}" --set "learning_rate=${LR:-1e-3}" --se
   > "$OUT/prepare.json"
 rm -rf "$WORK/run/output"  # a fresh run (SpecForge would otherwise resume nothing but keep old steps)
 
-# 3. SpecForge's trainer, in this process's CUDA context (bench/specforge_run.py), nvidia-smi beside it.
+# 3. SpecForge's trainer, in this process's CUDA context (bench/gpu/specforge_run.py), nvidia-smi beside it.
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$WORK/smi.csv" 2>/dev/null &
 smi=$!
 s=$SECONDS
 set +e
-PYTHONUNBUFFERED=1 "${SF_RUN[@]}" bench/specforge_run.py --config "$WORK/run/run.yaml" \
+PYTHONUNBUFFERED=1 "${SF_RUN[@]}" bench/gpu/specforge_run.py --config "$WORK/run/run.yaml" \
   --out "$WORK/train.json" "${cpu_loss[@]}" > "$OUT/specforge-train.log" 2>&1
 rc=$?
 set -e
@@ -101,7 +101,7 @@ smi = [int(x) for x in open(f"{work}/smi.csv").read().split() if x.strip().isdig
 prep = load(f"{out}/prepare.json")
 import yaml
 result = {
-    "command": f"bash bench/specforge_train.sh {args}",
+    "command": f"bash bench/gpu/specforge_train.sh {args}",
     "run_yaml": yaml.safe_load(open(prep["run_yaml"])),
     "export": load(f"{out}/export.json"),
     "prepare": prep,

@@ -1,6 +1,6 @@
 """Settings sweep and data curve of a recipe, from finished runs' stores, judged by the served tau.
 
-    python3 bench/recipe_sweep.py --plan bench/recipe_sweep.json --model /root/smollm2 \
+    python3 bench/studies/recipe_sweep.py --plan bench/studies/recipe_curve.json --model /root/smollm2 \
         --out OUT/recipe-sweep.json [--no-served]
 
 The plan (JSON) names the config files of the recipe, the held-out prompt file, the served settings and
@@ -55,7 +55,7 @@ def merged_config(paths: list[str]):
 def train_inputs(run: Path, model_dir: str, out: Path) -> dict:
     """`trainer.train`'s inputs for a run's results dir (`eyas.train.job.train_inputs`, as the rule's)."""
     tokens = run / "tokens" / "train"
-    stores = sorted(str(p) for p in (run / "hidden" / "train").glob("shard-*.zarr"))
+    stores = shard_paths(run / "hidden" / "train")
     return job_inputs(
         tokens_dir=str(tokens),
         hidden_stores=stores,
@@ -67,7 +67,7 @@ def train_inputs(run: Path, model_dir: str, out: Path) -> dict:
         log_path=str(out / "log.csv"),
         heldout=(
             str(run / "tokens" / "eval"),
-            sorted(str(p) for p in (run / "hidden" / "eval").glob("shard-*.zarr")),
+            shard_paths(run / "hidden" / "eval"),
         ),
         threads=len(os.sched_getaffinity(0)),  # every core this process may use
     )
@@ -193,7 +193,7 @@ def serve(plan: dict, config, results: dict, model_dir: str, workdir: Path) -> d
         model_dir=model_dir,
         out_json=str(workdir / "served.json"),
         settings=settings,
-        engine_settings=config.extract.sglang,
+        engine_settings=config.sglang,
         baselines=[{"name": n, "path": results[n]["drafter"]} for n in names[1:]],
     )
 

@@ -1,6 +1,6 @@
 """Build the Snakemake report of a finished run and screenshot it headless with Debian's chromium.
 
-    .venv/bin/python bench/report_screenshot.py --workdir . --out docs/report.png
+    .venv/bin/python bench/studies/report_screenshot.py --workdir . --out docs/report.png
 
 runs `snakemake -d WORKDIR [--configfile C] --report WORKDIR/results/report.html`, checks the HTML
 holds every report item (tables and plots), opens it in headless chromium (installed with apt-get if
@@ -15,10 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
 from render import find_chromium, screenshot  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REPORT_ITEMS = ("summary.json", "acceptance.png", "tau.png", "tau_table.tsv", "loss.png", "throughput.png")
 
 

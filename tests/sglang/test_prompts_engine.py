@@ -1,0 +1,73 @@
+"""The prompts stage on its SGLang backend: a job of rule prompts on the real `Engine` front end with
+the stood-in scheduler (standin_engine.py), as Snakemake runs it; its counts add up and a rerun writes
+the same files (the stand-in's tokens are a function of the prompt)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+JOB = Path(__file__).parent / "engine_job.py"
+TINY_TARGET = {  # tests/conftest.py's tiny Llama (the stood-in scheduler needs no weights)
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "max_position_embeddings": 2048, "tie_word_embeddings": True, "bos_token_id": 1,
+    "eos_token_id": 2,
+}  # fmt: skip
+TOOLS = [{"name": "get_weather", "description": "Weather of a city", "parameters": {}}]
+
+
+def _job(root: Path, model: Path, tool_file: Path) -> dict:
+    out = root / "results" / "prompts"
+    return {
+        "stage": "prompts",
+        "log": str(root / "prompts.log"),
+        "paths": [str(out / "target.jsonl"), str(out / "target.rejects.jsonl"),
+                  str(out / "target.stats.json"), str(model), [str(tool_file)]],
+        "settings": {"backend": "sglang", "conversations": 12, "turns": 2, "chinese_share": 0.0,
+                     "tool_share": 0.5, "max_new_tokens": 8, "max_tokens": 8},
+        "answer_settings": {"max_new_tokens": 6, "temperature": 0.7},
+        "engine_settings": {"engine_args": {"device": "cpu"}},
+    }  # fmt: skip
+
+
+def _run(job: dict, root: Path) -> subprocess.CompletedProcess:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "tmp").mkdir(exist_ok=True)
+    spec = root / "job.json"
+    spec.write_text(json.dumps(job))
+    env = os.environ | {"TMPDIR": str(root / "tmp")}
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", str(JOB), str(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_prompts_job_on_the_engine_counts_and_reruns_equal(tmp_path, tokenizer_dir):
+    model = tmp_path / "model"
+    shutil.copytree(tokenizer_dir, model)
+    (model / "config.json").write_text(json.dumps(TINY_TARGET))
+    tool_file = tmp_path / "tools.json"
+    rows = [{"conversations": [{"from": "human", "value": "Weather?"}, {"from": "gpt", "value": "ok"}],
+             "tools": json.dumps(TOOLS)}]  # fmt: skip
+    tool_file.write_text(json.dumps(rows))
+    runs = []
+    for name in ("a", "b"):
+        done = _run(_job(tmp_path / name, model, tool_file), tmp_path / name)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(tmp_path / name / "results" / "prompts")
+    stats = json.loads((runs[0] / "target.stats.json").read_text())
+    assert stats["conversations"] == 12 == stats["kept"] + stats["rejected"]
+    assert stats["turns_written"] == stats["turns_kept"] + stats["turns_rejected"] >= 12
+    assert stats["answers_written"] == stats["answers_kept"] + stats["answers_rejected"]
+    rejects = (runs[0] / "target.rejects.jsonl").read_text().splitlines()
+    assert len(rejects) == stats["turns_rejected"]
+    for name in ("target.jsonl", "target.rejects.jsonl", "target.stats.json"):
+        assert (runs[0] / name).read_bytes() == (runs[1] / name).read_bytes(), name

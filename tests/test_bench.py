@@ -1,0 +1,56 @@
+"""bench/ is a second client of the package's internals: every bench module must import (without running
+its work) and answer `--help`, so a refactor of eyas cannot break a benchmark, study or GPU-machine
+script unseen."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "bench"
+MODULES = sorted(p for p in BENCH.rglob("*.py") if "results" not in p.relative_to(BENCH).parts)
+IDS = [str(p.relative_to(BENCH)) for p in MODULES]
+
+
+def env() -> dict:
+    """This checkout's package and tools first, whatever eyas the venv has installed."""
+    paths = [str(REPO / "src"), str(REPO / "tools"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+def test_bench_has_its_three_folders():
+    assert MODULES, "no bench modules found"
+    assert {p.parent.relative_to(BENCH).as_posix() for p in MODULES} <= {".", "studies", "gpu"}
+
+
+@pytest.mark.parametrize("path", MODULES, ids=IDS)
+def test_bench_module_imports(path, monkeypatch):
+    """Importing runs no work: the script's own folder on the path, as when run, and a name other than
+    __main__, so its `if __name__ == "__main__":` guard holds everything that measures."""
+    monkeypatch.syspath_prepend(str(path.parent))
+    monkeypatch.syspath_prepend(str(REPO / "tools"))
+    monkeypatch.setattr(sys, "argv", [str(path)])
+    before = set(sys.modules)
+    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    finally:  # bench modules it imported by bare name (`from train import ...`) leave with it
+        for name in set(sys.modules) - before:
+            if BENCH in Path(getattr(sys.modules[name], "__file__", None) or "/").resolve().parents:
+                del sys.modules[name]
+
+
+@pytest.mark.parametrize("path", MODULES, ids=IDS)
+def test_bench_module_help(path):
+    name = path.relative_to(REPO)
+    command = [sys.executable, str(path), "--help"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env(), cwd=REPO, timeout=300)
+    assert proc.returncode == 0, f"{name} --help exited {proc.returncode}:\n{proc.stderr[-2000:]}"
+    assert "usage:" in proc.stdout, f"{name} --help printed no usage:\n{proc.stdout[-500:]}"
