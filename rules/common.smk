@@ -236,7 +236,9 @@ def benchmark_files():
     files.append(f"{bench}/vocab.tsv")
     for stage in ("extract", "validate"):
         files += [f"{bench}/{stage}/{s}-{i:05d}.tsv" for s in SPLITS for i in range(num_shards(s))]
-    files += [f"{bench}/train.tsv", f"{bench}/export_sglang.tsv", f"{bench}/export_speculators.tsv"]
+    files += [f"{bench}/train.tsv", f"{bench}/export_sglang.tsv"]
+    if not mla_drafter():  # the MLA drafter has no speculators format
+        files.append(f"{bench}/export_speculators.tsv")
     if uses_hf_evaluation():
         files += [f"{bench}/specdec/{name}.tsv" for name in EYAS.evaluate.set_names]
     if served_json():
