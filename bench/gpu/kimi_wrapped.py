@@ -3,7 +3,8 @@
     export SGLANG_ENABLE_JIT_DEEPGEMM=0; mkdir -p /tmp/site/deep_gemm && touch /tmp/site/deep_gemm/__init__.py
     PYTHONPATH=$PWD/src:$PWD/tools:/tmp/site python3 bench/gpu/kimi_wrapped.py --out DIR
 
-(sglang 0.5.17 unpacked in /tmp/site as in bench/served_device.sh; its transformers 5.12.1 has DeepSeek-V3.)
+(sglang 0.5.17 unpacked in /tmp/site as in bench/gpu/served_device.sh; its transformers 5.12.1 has
+DeepSeek-V3.)
 Steps, each recorded in DIR/kimi_wrapped.json with the command:
 
 1. models: tools/tiny_kimi.py writes a DeepSeek-V3 language model (MLA, 8 routed + 1 shared expert, 8
