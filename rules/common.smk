@@ -28,7 +28,7 @@ STAGE_VERSION = {
     "assets": 1,
     "prepare": 1,
     "tokenize": 1,
-    "vocab": 1,
+    "vocab": 2,
     "extract": 4,
     "train": 4,
     "evaluate": 3,

@@ -69,3 +69,23 @@ def test_refuses_out_of_range_ids_and_mixed_tokenizers(tmp_path):
     c = shard(tmp_path / "c.zarr", [([1, 2], [1, 1])], tokenizer_hash="y")
     with pytest.raises(ValueError, match="tokenizer_hash"):
         build_draft_vocab([b, c], vocab_size=8, draft_vocab_size=2)
+
+
+def test_the_vocab_file_is_the_same_bytes_in_every_process(tmp_path):
+    """The draft vocab's file hash is provenance (`draft_vocab_hash`): saving the same vocab in two
+    processes gives the same bytes, whatever order safetensors' metadata map has there."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch; from eyas.data.vocab import save_draft_vocab;"
+        "t2d = torch.zeros(50, dtype=torch.bool); t2d[[3, 7, 9]] = True;"
+        "d2t = torch.tensor([3, 7, 9]) - torch.arange(3);"
+        "save_draft_vocab(sys.argv[1], d2t, t2d, {'masked_tokens': 12, 'coverage': 0.5}, 'tok')"
+    )
+    outs = [tmp_path / f"v{i}.safetensors" for i in range(4)]
+    for out in outs:
+        subprocess.run([sys.executable, "-c", code, str(out)], check=True)
+    assert len({out.read_bytes() for out in outs}) == 1
+    d2t, t2d, meta = load_draft_vocab(outs[0])
+    assert d2t.tolist() == [3, 6, 7] and t2d.sum() == 3 and meta["masked_tokens"] == 12

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from eyas.core.atomic import atomic_path
 from eyas.store import read_token_shard
@@ -110,10 +110,22 @@ def save_draft_vocab(
         "coverage": repr(float(stats.get("coverage", 0.0))),
         "stats": json.dumps(stats, sort_keys=True),
     }
+    blob = save({"d2t": d2t.long().contiguous(), "t2d": t2d.bool().contiguous()}, metadata=metadata)
     with atomic_path(path) as tmp:
-        save_file(
-            {"d2t": d2t.long().contiguous(), "t2d": t2d.bool().contiguous()}, str(tmp), metadata=metadata
-        )
+        Path(tmp).write_bytes(canonical_safetensors(blob))
+
+
+def canonical_safetensors(blob: bytes) -> bytes:
+    """`blob` (a safetensors file) with its JSON header's keys sorted. safetensors serializes the
+    metadata from a hash map whose order changes from process to process, so the same vocab would get
+    another file hash (`draft_vocab_hash`, which every drafter and export records) on every rerun. Data
+    offsets are relative to the end of the header, so only the header is rewritten (padded with spaces
+    to 8 bytes, as the format asks: https://github.com/huggingface/safetensors#format)."""
+    size = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8 : 8 + size])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + blob[8 + size :]
 
 
 def load_draft_vocab(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor, dict]:
