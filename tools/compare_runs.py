@@ -15,8 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-# Keys whose values measure time or memory of the run: they differ between any two runs.
-TIMING_MARKERS = ("seconds", "per_s", "wall", "elapsed", "time", "duration", "rss", "started", "finished")
+# Keys whose values measure time or memory of the run (a speedup is a ratio of two timings): they
+# differ between any two runs.
+TIMING_MARKERS = (
+    "seconds", "per_s", "wall", "elapsed", "time", "duration", "rss", "started", "finished", "speedup",
+)  # fmt: skip
 SKIPPED_DIRS = ("logs", "benchmarks", ".snakemake")
 
 
