@@ -83,6 +83,13 @@ SERVED_OWNED_ARGS = (
     }
 )
 
+GENERATION_OWNED_ARGS = BASE_OWNED_ARGS | {
+    "random_seed",
+    "max_running_requests",
+    "cuda_graph_max_bs_decode",
+    "disable_prefill_cuda_graph",
+}
+
 
 # --------------------------------------------------------------------------- pure helpers
 def parse_version(version: str) -> tuple[int, int, int]:
@@ -103,11 +110,16 @@ def check_tested(version: str, stage: str) -> tuple[int, int, int]:
     return parsed
 
 
-def user_engine_args(extra: dict, known: set[str] | None, owned: frozenset[str] = BASE_OWNED_ARGS) -> dict:
-    """`sglang.engine_args`, refused if a key is one eyas sets itself (`owned`) or (given `known`, the
-    installed ServerArgs fields) not an SGLang arg at all."""
+def user_engine_args(
+    extra: dict,
+    known: set[str] | None,
+    owned: frozenset[str] = BASE_OWNED_ARGS,
+    section: str = "sglang.engine_args",
+) -> dict:
+    """`sglang.engine_args` (or the config key `section`), refused if a key is one eyas sets itself
+    (`owned`) or (given `known`, the installed ServerArgs fields) not an SGLang arg at all."""
     for key in extra:
-        where = f"sglang.engine_args.{key}"
+        where = f"{section}.{key}"
         if key in owned:
             raise ValueError(f"{where}: set by eyas (it depends on it or it has its own key)")
         if known is not None and key not in known:
@@ -174,10 +186,24 @@ def plain_engine_args(base: dict, concurrency: int) -> dict:
     }
 
 
-def generation_engine_args(base: dict, seed: int) -> dict:
+def generation_engine_args(base: dict, seed: int, settings=None) -> dict:
     """Regeneration: the engine schedules every prompt itself; the prefix cache stays on (turns of one
-    conversation share their history)."""
-    return base | {"random_seed": seed}
+    conversation share their history). `settings` (`regenerate.engine`, RegenerateEngineSettings)
+    sizes admission and CUDA graphs (sglang 0.5.17 `server_args.py`: `max_running_requests`,
+    `cuda_graph_max_bs_decode`, `disable_prefill_cuda_graph`) and adds generation-only args."""
+    args = base | {"random_seed": seed}
+    if settings is None:
+        return args
+    if settings.max_running_requests is not None:
+        args["max_running_requests"] = settings.max_running_requests
+    if settings.cuda_graph_max_bs is not None:
+        args["cuda_graph_max_bs_decode"] = settings.cuda_graph_max_bs
+    if not settings.prefill_cuda_graph:
+        args["disable_prefill_cuda_graph"] = True
+    extra = user_engine_args(
+        settings.engine_args, None, GENERATION_OWNED_ARGS, "regenerate.engine.engine_args"
+    )
+    return args | extra
 
 
 def is_eagle3_draft_dir(path: str | os.PathLike) -> bool:
