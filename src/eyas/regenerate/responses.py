@@ -122,7 +122,8 @@ class HFGenerator:
 
 
 class SglangGenerator:
-    """Every prompt of a call handed to one running SGLang engine at once (it batches them itself)."""
+    """Every prompt of a call handed at once to a running SGLang engine, or to the job's generation
+    engines (`eyas.engine.generation.GenerationEngines`), which batch them themselves."""
 
     def __init__(self, engine, *, eos_token_ids: set[int], max_new_tokens: int, temperature: float):
         self.engine, self.eos = engine, set(eos_token_ids)
