@@ -123,6 +123,7 @@ case $step in
       seconds=$2
     fi
     if ((DRY)); then echo "would: wait up to $seconds s for $run, then status and results into $OUT"; exit 0; fi
+    [[ -f $run/snakemake.pid ]] || { echo "run_recipe $step: no run was started in $run (start it first)" >&2; exit 1; }
     pid=$(cat "$run/snakemake.pid")
     end=$((SECONDS + seconds))
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < end)); do sleep 5; done
