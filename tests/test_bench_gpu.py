@@ -16,9 +16,9 @@ BENCH = ROOT / "bench" / "gpu"
 RECIPE = ROOT / "config" / "gpu-smollm2.yaml"
 sys.path.insert(0, str(BENCH))
 
-import common  # noqa: E402
 import extraction  # noqa: E402
 import generation  # noqa: E402
+import gpubench  # noqa: E402  (tools/, on pytest's path)
 
 
 def _run(script: str, *args) -> None:
@@ -38,14 +38,14 @@ def test_help_runs_without_a_gpu(script):
 
 def test_variants_by_name_or_json_and_bad_ones_refused():
     defaults = {"a": {"x": 1}, "b": {}}
-    assert common.parse_variants([], defaults) == defaults
-    assert common.parse_variants(["b", 'c={"engines": 2}'], defaults) == {"b": {}, "c": {"engines": 2}}
+    assert gpubench.parse_variants([], defaults) == defaults
+    assert gpubench.parse_variants(["b", 'c={"engines": 2}'], defaults) == {"b": {}, "c": {"engines": 2}}
     with pytest.raises(SystemExit, match="--variant z: not one of"):
-        common.parse_variants(["z"], defaults)
+        gpubench.parse_variants(["z"], defaults)
     with pytest.raises(SystemExit, match="--variant c: not JSON"):
-        common.parse_variants(["c={engines"], defaults)
+        gpubench.parse_variants(["c={engines"], defaults)
     with pytest.raises(SystemExit, match="--variant c: expected a JSON object"):
-        common.parse_variants(["c=[1]"], defaults)
+        gpubench.parse_variants(["c=[1]"], defaults)
 
 
 def test_every_builtin_generation_variant_is_a_valid_regenerate_engine_setting():
@@ -130,5 +130,5 @@ def test_extraction_dry_run_reads_the_shard_and_repeats_it(tmp_path):
 def test_extract_overrides_merge_the_nested_engine_section():
     cfg = extraction.extract_settings(str(RECIPE), {"writer_threads": 3, "sglang": {"requests_per_call": 64}})
     base = extraction.extract_settings(str(RECIPE), {})
-    assert cfg.extract.writer_threads == 3 and cfg.extract.sglang.requests_per_call == 64
-    assert cfg.extract.sglang.attention_backend == base.extract.sglang.attention_backend  # kept
+    assert cfg.extract.writer_threads == 3 and cfg.sglang.requests_per_call == 64
+    assert cfg.sglang.attention_backend == base.sglang.attention_backend  # kept

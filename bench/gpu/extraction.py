@@ -4,13 +4,14 @@
         --shard RUN/results/tokens/train/shard-00000.zarr --out OUT [--tokens N] [--variant ...] [--dry]
 
 `bare`: the capture engine's own args (`eyas.extract.sglang_backend.engine_args`, from the config's
-`extract.sglang`) without the capture switches, no hook, the shard's samples sent `requests_per_call` at
+`sglang` section) without the capture switches, no hook, the shard's samples sent `requests_per_call` at
 a time with `max_new_tokens` 0 after the same warm-up the stage sends (its first samples). `eyas`: the
 stage's `extract_shard_sglang` on the same shard (hook, device encode, pinned copy, writer threads,
 `extract.storage` of the config), once per variant (NAME=JSON: `extract` keys over the config's, e.g.
-`{"writer_threads": 4}`, `{"storage": "bf16"}`, `{"sglang": {"requests_per_call": 4096}}`). Each run in a
-fresh process. Reported: tokens a second after the engine is up (the stage's own `seconds`, which leave
-out start-up and warm-up) and end to end (the child's whole process), and eyas / bare for both.
+`{"writer_threads": 4}`, `{"storage": "bf16"}`, and `{"sglang": {"requests_per_call": 4096}}` for the
+top-level `sglang` section). Each run in a fresh process. Reported: tokens a second after the engine is
+up (the stage's own `seconds`, which leave out start-up and warm-up) and end to end (the child's whole
+process), and eyas / bare for both.
 `--tokens N` repeats the shard's samples up to N tokens (a small shard is over before it is timed).
 Writes OUT/extraction.json with the command; `--dry` checks config and shard and writes the plan only.
 """
@@ -23,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import parse_variants, run_child, write_json  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
+from gpubench import parse_variants, run_child, write_json  # noqa: E402
 
 VARIANTS = {"recipe": {}}  # the config's extract section as it is
 CAPTURE_ARGS = (
@@ -36,15 +37,18 @@ CAPTURE_ARGS = (
 
 
 def extract_settings(config: str, overrides: dict):
-    """The config's `extract` section with `overrides` on top (nested `sglang` merged key by key)."""
+    """The config with `overrides` on top: `extract` keys, and an `sglang` mapping merged key by key into
+    the top-level `sglang` section (the engine's)."""
     import yaml
 
     from eyas.config import load_config
 
     values = yaml.safe_load(Path(config).read_text())
-    extract = dict(values.get("extract") or {})
-    sglang = {**(extract.get("sglang") or {}), **overrides.get("sglang", {})}
-    values["extract"] = extract | {k: v for k, v in overrides.items() if k != "sglang"} | {"sglang": sglang}
+    values["extract"] = {
+        **(values.get("extract") or {}),
+        **{k: v for k, v in overrides.items() if k != "sglang"},
+    }
+    values["sglang"] = {**(values.get("sglang") or {}), **overrides.get("sglang", {})}
     return load_config(values)
 
 
@@ -77,8 +81,6 @@ def _layer_ids(cfg, model: str) -> list[int]:
 # --------------------------------------------------------------------------- child processes
 def child_bare(args) -> None:
     began = time.perf_counter()
-    import dataclasses
-
     import sglang
     from sglang.srt.entrypoints.engine import Engine
 
@@ -89,7 +91,7 @@ def child_bare(args) -> None:
     from eyas.store import read_token_shard
 
     cfg = extract_settings(args.config, {})
-    settings = dataclasses.asdict(cfg.extract.sglang)
+    settings = cfg.sglang
     route = capture_route(sglang.__version__)
     ids = sglang_layer_ids(text_model_type(read_config(args.model)), _layer_ids(cfg, args.model))
     kwargs = engine_args(route, ids, settings, args.model, "bfloat16", cfg.model.trust_remote_code,
@@ -104,7 +106,7 @@ def child_bare(args) -> None:
         engine.generate(input_ids=requests[:WARMUP_REQUESTS], sampling_params={"max_new_tokens": 0})
         load_seconds = time.perf_counter() - start
         timed = time.perf_counter()
-        step = settings["requests_per_call"]
+        step = settings.requests_per_call
         for lo in range(0, len(requests), step):
             engine.generate(input_ids=requests[lo : lo + step], sampling_params={"max_new_tokens": 0})
         seconds = time.perf_counter() - timed
@@ -128,11 +130,12 @@ def child_eyas(args) -> None:
     stats = extract_shard_sglang(
         args.workload, str(Path(args.work) / "store.zarr"), args.model,
         layer_ids=_layer_ids(cfg, args.model), model_id=cfg.model_id,
-        settings=dataclasses.asdict(ex.sglang), trust_remote_code=cfg.model.trust_remote_code,
+        settings=cfg.sglang, trust_remote_code=cfg.model.trust_remote_code,
         storage=ex.storage, chunk_tokens=ex.chunk_tokens, writer_threads=ex.writer_threads,
         threads=args.threads,
     )  # fmt: skip
-    result = stats | {"in_process_seconds": time.perf_counter() - began, "extract": dataclasses.asdict(ex)}
+    settings = {"extract": dataclasses.asdict(ex), "sglang": dataclasses.asdict(cfg.sglang)}
+    result = stats | {"in_process_seconds": time.perf_counter() - began, **settings}
     Path(args.result).write_text(json.dumps(result, default=str))
 
 
@@ -161,7 +164,8 @@ def run(args) -> None:
             "samples": shard.num_samples,
             "tokens": int(shard.sample_offsets[-1]),
         },
-        "extract": {"storage": cfg.extract.storage, "sglang": dataclasses.asdict(cfg.extract.sglang)},
+        "extract": {"storage": cfg.extract.storage},
+        "sglang": dataclasses.asdict(cfg.sglang),
         "variants": variants if args.dry else {},
     }
     if args.dry:

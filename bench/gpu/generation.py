@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import parse_variants, run_child, write_json  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
+from gpubench import parse_variants, run_child, write_json  # noqa: E402
 
 SPLITS = ("train", "eval")
 # regenerate.engine variants (bench defaults): SGLang's own admission and graphs; every batch in decode
@@ -122,7 +122,7 @@ def child_eyas(args) -> None:
     splits = [(p, work / f"{p.stem}.jsonl", work / f"{p.stem}.stats.json") for p in map(Path, args.splits)]
     stage_began = time.perf_counter()
     stats = responses.run_regenerate(
-        splits, args.model, settings=settings, engine_settings=cfg.extract.sglang,
+        splits, args.model, settings=settings, engine_settings=cfg.sglang,
         max_length=cfg.tokenize.max_length,
     )  # fmt: skip
     done = time.perf_counter()
@@ -140,8 +140,8 @@ def child_eyas(args) -> None:
 def _engine_args(cfg, settings, model: str) -> dict:
     from eyas.engine.sglang import base_engine_args, generation_engine_args, user_engine_args
 
-    base = base_engine_args(cfg.extract.sglang, model, "bfloat16", cfg.model.trust_remote_code)
-    base |= user_engine_args(cfg.extract.sglang.engine_args, None)
+    base = base_engine_args(cfg.sglang, model, "bfloat16", cfg.model.trust_remote_code)
+    base |= user_engine_args(cfg.sglang.engine_args, None)
     return generation_engine_args(base, settings.seed, settings.engine)
 
 

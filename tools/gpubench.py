@@ -1,6 +1,6 @@
-"""Shared pieces of the GPU campaign's benches (bench/gpu/*.py): variant parsing, child runs timed from
-outside (a fresh process per variant, so start-up and imports count as they do in a pipeline job), and
-the result JSON with the command that made it."""
+"""Shared pieces of the GPU campaign's benches (bench/gpu/generation.py, extraction.py): variant parsing,
+child runs timed from outside (a fresh process per variant, so start-up and imports count as they do in
+a pipeline job), and the result JSON with the command that made it."""
 
 from __future__ import annotations
 
