@@ -110,6 +110,22 @@ def test_rates_are_tokens_over_seconds():
     assert generation.rates(theirs) == {"end_to_end": 125.0, "after_engine_start": 500.0}
 
 
+def test_projected_seconds_rank_variants_by_the_recipes_whole_generation():
+    quick_start = {
+        "new_tokens": 1000,
+        "process_seconds": 20.0,
+        "new_tokens_per_s": {"after_engine_start": 100.0},
+    }
+    fast_decode = {
+        "new_tokens": 1000,
+        "process_seconds": 60.0,
+        "new_tokens_per_s": {"after_engine_start": 200.0},
+    }
+    assert generation.projected_seconds(quick_start, 1000) == 20.0  # 10 s outside + 10 s generating
+    assert generation.projected_seconds(fast_decode, 1e5) == 55.0 + 500.0
+    assert generation.projected_seconds(quick_start, 1e5) == 10.0 + 1000.0  # slower at the recipe's scale
+
+
 def test_extraction_dry_run_reads_the_shard_and_repeats_it(tmp_path):
     from eyas.store import read_token_shard, write_token_shard
 
