@@ -45,7 +45,7 @@ rule prompts:
         "results/benchmarks/prompts.tsv"
     conda:
         "../envs/eyas.yaml"
-    threads: all_cores()
+    threads: job_threads(prompt_gpus(), per_gpu=2)  # on GPUs: the client, its tokenizer and filters
     resources:
         gpu=prompt_gpus(),
         mem_mb=8000,  # the target + a batch's KV cache (batch_size x (prompt + max_new_tokens))
