@@ -34,7 +34,7 @@ STAGE_VERSION = {
     "evaluate": 3,
     "export": 2,
     "validate": 1,
-    "regenerate": 2,
+    "regenerate": 3,
     "prompts": 1,
 }
 
@@ -231,7 +231,7 @@ def benchmark_files():
         files.append(f"{bench}/prompts.tsv")
     files.append(f"{bench}/prepare.tsv")
     if EYAS.regenerate.enabled:
-        files += [f"{bench}/regenerate/{split}.tsv" for split in SPLITS]
+        files.append(f"{bench}/regenerate.tsv")  # one job for both splits
     files += [f"{bench}/tokenize/{split}.tsv" for split in SPLITS]
     files.append(f"{bench}/vocab.tsv")
     for stage in ("extract", "validate"):

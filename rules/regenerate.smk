@@ -1,17 +1,18 @@
 # Optional (regenerate.enabled): the target's own responses replace the dataset's before tokenize.
+# One job for both splits: its engines start once and each turn round is one call over both.
 
 
 rule regenerate:
     input:
-        conversations="results/prepared/{split}.jsonl",
+        conversations=expand("results/prepared/{split}.jsonl", split=SPLITS),
         model=model_dir(),
     output:
-        conversations="results/regenerated/{split}.jsonl",
-        stats="results/regenerated/{split}.stats.json",
+        conversations=expand("results/regenerated/{split}.jsonl", split=SPLITS),
+        stats=expand("results/regenerated/{split}.stats.json", split=SPLITS),
     log:
-        "results/logs/regenerate/{split}.log",
+        "results/logs/regenerate.log",
     benchmark:
-        "results/benchmarks/regenerate/{split}.tsv"
+        "results/benchmarks/regenerate.tsv"
     conda:
         "../envs/eyas.yaml"
     threads: job_threads(regenerate_gpus(), per_gpu=2)  # on GPUs: the client and its tokenizer
@@ -44,7 +45,7 @@ rule prompts:
         "results/benchmarks/prompts.tsv"
     conda:
         "../envs/eyas.yaml"
-    threads: all_cores()
+    threads: job_threads(prompt_gpus(), per_gpu=2)  # on GPUs: the client, its tokenizer and filters
     resources:
         gpu=prompt_gpus(),
         mem_mb=8000,  # the target + a batch's KV cache (batch_size x (prompt + max_new_tokens))

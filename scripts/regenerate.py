@@ -1,4 +1,5 @@
-"""Regenerate assistant turns with the target (optional stage): Hugging Face or SGLang backend."""
+"""Regenerate assistant turns with the target (optional stage), every split in one job: Hugging Face or
+SGLang backend."""
 
 import json
 
@@ -14,17 +15,17 @@ def main(sm) -> None:
     log = setup_stage_logging(sm.log[0], "regenerate")
     claim_gpus(sm.resources.get("gpu", 0), log=log)  # devices of its own before CUDA starts
     torch.set_num_threads(sm.threads)
-    stats = run_regenerate(
-        sm.input.conversations,
-        sm.output.conversations,
-        sm.output.stats,
+    splits = list(zip(sm.input.conversations, sm.output.conversations, sm.output.stats, strict=True))
+    results = run_regenerate(
+        splits,
         sm.input.model,
         settings=stage_settings(RegenerateSettings, sm.params.settings),
         engine_settings=stage_settings(SglangSettings, sm.params.engine_settings),
         max_length=sm.params.max_length,
         trust_remote_code=sm.params.trust_remote_code,
     )
-    log.info("regenerate %s: %s", sm.wildcards.split, json.dumps(stats))
+    for (_, out, _), stats in zip(splits, results, strict=True):
+        log.info("regenerate %s: %s", out, json.dumps(stats))
 
 
 # SGLang starts its scheduler with multiprocessing's spawn, which re-imports this script as

@@ -259,6 +259,31 @@ class EvaluateSettings:
 
 
 @dataclass
+class RegenerateEngineSettings:
+    max_running_requests: int | None = bounded(None, ge=1, le=1_000_000)
+    """`sglang`: requests each engine runs at once (SGLang's `max_running_requests`); null = SGLang's
+    own (4,096 on an H200 at `mem_fraction_static` 0.5). Set it to at least the prompts of a round
+    (the recipe's: conversations x samples) so the whole queue is admitted at once."""
+    cuda_graph_max_bs: int | None = bounded(None, ge=1, le=65_536)
+    """`sglang`: largest decode batch captured as a CUDA graph (`cuda_graph_max_bs_decode`); larger
+    batches run eager (~60 ms a step at batch 4,096 on an H200). null = SGLang's own (256 on an
+    H200). Equal to `max_running_requests`, every batch decodes in graphs (88.7k against 57.2k new
+    tok/s on a fixed-length load, H200, SmolLM2; bench/gpu/generation.py measures the stage's own)."""
+    prefill_cuda_graph: bool = True
+    """`sglang`: capture prefill CUDA graphs at engine start (SGLang's default). false sets
+    `disable_prefill_cuda_graph`: a machine's first engine spent 77 of its 111 s capturing them (H200,
+    cold kernel caches), and generation's prefills are a small share of its work."""
+    engines: int = bounded(1, ge=1, le=16)
+    """`sglang`: engines started on the job's GPUs, the prompts of every round dealt among them (one
+    scheduler process each: at 135M one scheduler, not the GPU, sets the rate; the GPU was 14-25% busy).
+    Each takes `mem_fraction_static` of the GPU memory still free when it starts (sglang 0.5.17)."""
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    """`sglang`: further SGLang `ServerArgs` for generation only (e.g. `enable_mixed_chunk`,
+    `max_prefill_tokens`, `schedule_policy`), over `sglang.engine_args`; keys eyas sets itself
+    (above, and the shared engine keys) are refused."""
+
+
+@dataclass
 class RegenerateSettings:
     enabled: bool = False
     """Replace assistant turns by the target's own responses before tokenize."""
@@ -282,6 +307,9 @@ class RegenerateSettings:
     """Seed of sampling."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """`hf`: device of the target during regeneration."""
+    engine: RegenerateEngineSettings = field(default_factory=RegenerateEngineSettings)
+    """`sglang`: generation-only engine settings (admission, CUDA graphs, engines per job); the engine
+    settings every eyas engine shares are the `sglang` section's."""
 
 
 @dataclass

@@ -51,8 +51,10 @@ def run(job: dict) -> None:
     elif job["stage"] == "regenerate":
         from eyas.regenerate.responses import run_regenerate
 
+        conversations, out, stats, model = job["paths"]
         run_regenerate(
-            *job["paths"],
+            [(conversations, out, stats)],
+            model,
             settings=stage_settings(RegenerateSettings, job["settings"]),
             engine_settings=engine_settings,
             max_length=job["max_length"],

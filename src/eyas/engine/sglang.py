@@ -83,6 +83,13 @@ SERVED_OWNED_ARGS = (
     }
 )
 
+GENERATION_OWNED_ARGS = BASE_OWNED_ARGS | {
+    "random_seed",
+    "max_running_requests",
+    "cuda_graph_max_bs_decode",
+    "disable_prefill_cuda_graph",
+}
+
 
 # --------------------------------------------------------------------------- pure helpers
 def parse_version(version: str) -> tuple[int, int, int]:
@@ -103,11 +110,16 @@ def check_tested(version: str, stage: str) -> tuple[int, int, int]:
     return parsed
 
 
-def user_engine_args(extra: dict, known: set[str] | None, owned: frozenset[str] = BASE_OWNED_ARGS) -> dict:
-    """`sglang.engine_args`, refused if a key is one eyas sets itself (`owned`) or (given `known`, the
-    installed ServerArgs fields) not an SGLang arg at all."""
+def user_engine_args(
+    extra: dict,
+    known: set[str] | None,
+    owned: frozenset[str] = BASE_OWNED_ARGS,
+    section: str = "sglang.engine_args",
+) -> dict:
+    """`sglang.engine_args` (or the config key `section`), refused if a key is one eyas sets itself
+    (`owned`) or (given `known`, the installed ServerArgs fields) not an SGLang arg at all."""
     for key in extra:
-        where = f"sglang.engine_args.{key}"
+        where = f"{section}.{key}"
         if key in owned:
             raise ValueError(f"{where}: set by eyas (it depends on it or it has its own key)")
         if known is not None and key not in known:
@@ -174,10 +186,24 @@ def plain_engine_args(base: dict, concurrency: int) -> dict:
     }
 
 
-def generation_engine_args(base: dict, seed: int) -> dict:
+def generation_engine_args(base: dict, seed: int, settings=None) -> dict:
     """Regeneration: the engine schedules every prompt itself; the prefix cache stays on (turns of one
-    conversation share their history)."""
-    return base | {"random_seed": seed}
+    conversation share their history). `settings` (`regenerate.engine`, RegenerateEngineSettings)
+    sizes admission and CUDA graphs (sglang 0.5.17 `server_args.py`: `max_running_requests`,
+    `cuda_graph_max_bs_decode`, `disable_prefill_cuda_graph`) and adds generation-only args."""
+    args = base | {"random_seed": seed}
+    if settings is None:
+        return args
+    if settings.max_running_requests is not None:
+        args["max_running_requests"] = settings.max_running_requests
+    if settings.cuda_graph_max_bs is not None:
+        args["cuda_graph_max_bs_decode"] = settings.cuda_graph_max_bs
+    if not settings.prefill_cuda_graph:
+        args["disable_prefill_cuda_graph"] = True
+    extra = user_engine_args(
+        settings.engine_args, None, GENERATION_OWNED_ARGS, "regenerate.engine.engine_args"
+    )
+    return args | extra
 
 
 def is_eagle3_draft_dir(path: str | os.PathLike) -> bool:
@@ -409,7 +435,7 @@ def engine_class():
     handler = _death_handler_class()
 
     class EyasEngine(Engine):
-        def __init__(self, *, stage: str, **kwargs):
+        def __init__(self, *, stage: str, loop=None, **kwargs):
             self.stage, self.died = stage, None
             # SGLang launches its processes with these (`Engine._launch_subprocesses`; a release
             # without one of them launches that process its own way, outside the stage's log).
@@ -429,6 +455,12 @@ def engine_class():
                 kill_process_tree(os.getpid(), include_parent=False)
                 raise EngineDied(death_message(stage, f"it did not start: {err}")) from err
             keep_stage_logging()  # SGLang's configure_logger reset the root logger as it started
+            if loop is not None:
+                # Several engines of one job share one event loop, so their calls can run together
+                # (`eyas.engine.generation`): sglang 0.5.17 makes each engine a new loop, 0.5.23 reuses
+                # the thread's (`Engine._ensure_event_loop`).
+                self.loop = loop
+                asyncio.set_event_loop(loop)
             manager = self.tokenizer_manager
             manager.signal_handler_class = functools.partial(handler, engine=self)
             # SGLang installs the tokenizer manager's SIGQUIT handler at its first request; until
@@ -479,9 +511,10 @@ def draft_swap_engine_class():
     return DraftSwapEngine
 
 
-def start_engine(args: dict, *, speculative: bool, stage: str):
+def start_engine(args: dict, *, speculative: bool, stage: str, loop=None):
     """A running engine for `args` (checked against the installed ServerArgs first); `stage` names
-    the job in the error raised when the engine dies."""
+    the job in the error raised when the engine dies; `loop`: the event loop it runs its calls on (by
+    default its own)."""
     import sglang
 
     check_tested(sglang.__version__, "sglang engine")
@@ -491,4 +524,4 @@ def start_engine(args: dict, *, speculative: bool, stage: str):
             f"engine args {sorted(unknown)} are not ServerArgs fields of sglang {sglang.__version__}"
         )
     cls = draft_swap_engine_class() if speculative else engine_class()
-    return cls(stage=stage, **args)
+    return cls(stage=stage, loop=loop, **args)

@@ -10,8 +10,13 @@ call is still followed by the dataset's tool result). `samples: n` > 1 (sampling
 per conversation, each written as its own conversation (`id#s<j>`).
 
 Two generators: `HFGenerator` (prompts sorted by length, left-padded, batched `generate` with a KV
-cache) and `SglangGenerator` (every prompt of a round handed to one SGLang engine, which schedules
-them). Counts, per conversation: read == regenerated + empty (every sample empty at its first turn) +
+cache) and `SglangGenerator` (every prompt of a round handed to the job's SGLang engines,
+`eyas.engine.generation`, which schedule them). One job regenerates every split: each turn round is one
+generate call over all splits, so the engines start once and see the whole queue; with SGLang the
+splits are read and their first prompts rendered (once per conversation, shared by its samples) while
+the engines start.
+
+Counts, per conversation: read == regenerated + empty (every sample empty at its first turn) +
 too_long (first prompt over the limit) + no_assistant (tokenize rejects these); those not regenerated
 are written back unchanged. A later turn whose prompt grows too long, or whose response is empty,
 keeps the dataset's text and is counted in `turns_kept`. A response cut at max_new_tokens is kept.
@@ -19,6 +24,7 @@ keeps the dataset's text and is counted in `turns_kept`. A response cut at max_n
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
@@ -116,7 +122,8 @@ class HFGenerator:
 
 
 class SglangGenerator:
-    """Every prompt of a call handed to one running SGLang engine at once (it batches them itself)."""
+    """Every prompt of a call handed at once to a running SGLang engine, or to the job's generation
+    engines (`eyas.engine.generation.GenerationEngines`), which batch them themselves."""
 
     def __init__(self, engine, *, eos_token_ids: set[int], max_new_tokens: int, temperature: float):
         self.engine, self.eos = engine, set(eos_token_ids)
@@ -144,24 +151,29 @@ def _assistant_turns(messages: list[dict], turns: str) -> list[int]:
 
 
 def _stream_round(
-    streams, round_index, records, tokenizer: PreTrainedTokenizerBase, generate, max_prompt_length, stats
-) -> int:
-    """Regenerate turn `round_index` of every live stream (one generate call); returns new tokens."""
+    states, round_index, tokenizer: PreTrainedTokenizerBase, generate, max_prompt_length
+) -> None:
+    """Regenerate turn `round_index` of every live stream of every split (one generate call)."""
     todo, prompts = [], []
-    for stream in streams:
-        if stream["done"] or round_index >= len(stream["turns"]):
-            continue
-        position = stream["turns"][round_index]
-        tools = records[stream["record"]]["tools"]
-        ids = render_prompt(tokenizer, stream["messages"][: position + 1], tools)
-        if len(ids) > max_prompt_length:
-            stream["done"] = True
-            stats["turns_kept"] += len(stream["turns"]) - round_index
-            continue
-        todo.append((stream, position))
-        prompts.append(ids)
-    new_tokens = 0
-    for (stream, position), tokens in zip(todo, generate(prompts), strict=True):
+    for state in states:
+        stats, records = state["stats"], state["records"]
+        for stream in state["streams"]:
+            if stream["done"] or round_index >= len(stream["turns"]):
+                continue
+            position = stream["turns"][round_index]
+            if round_index == 0:
+                ids = stream["first"]  # rendered once per conversation, shared by its samples
+            else:
+                tools = records[stream["record"]]["tools"]
+                ids = render_prompt(tokenizer, stream["messages"][: position + 1], tools)
+            if len(ids) > max_prompt_length:
+                stream["done"] = True
+                stats["turns_kept"] += len(stream["turns"]) - round_index
+                continue
+            todo.append((state, stream, position))
+            prompts.append(ids)
+    for (state, stream, position), tokens in zip(todo, generate(prompts), strict=True):
+        stats = state["stats"]
         text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
         if not text:
             stream["done"] = True
@@ -170,29 +182,24 @@ def _stream_round(
         stream["messages"][position] = {"role": "assistant", "content": text}
         stream["regenerated_turns"] += 1
         stats["turns_regenerated"] += 1
-        new_tokens += len(tokens)
-    return new_tokens
+        stats["new_tokens"] += len(tokens)
 
 
-def regenerate_split(
+def prepare_split(
     conversations: str | os.PathLike,
-    out_path: str | os.PathLike,
-    generate,
     tokenizer: PreTrainedTokenizerBase,
     *,
     max_prompt_length: int,
-    samples: int = 1,
-    turns: str = "last",
-    seed: int = 0,
+    samples: int,
+    turns: str,
 ) -> dict:
-    """Write `conversations` with assistant turns regenerated by `generate` (a `HFGenerator` or
-    `SglangGenerator`) to `out_path`; returns the counts."""
+    """A split read and its streams set up (one per conversation and sample, the first prompt rendered
+    once per conversation): the state `regenerate_rounds` advances and `write_split` writes."""
     if turns not in ("last", "all") or samples < 1:
         raise ValueError(f"turns={turns!r} must be last or all, samples={samples} must be >= 1")
-    torch.manual_seed(seed)
     records = list(read_prepared(conversations))
     stats = {"read": len(records), "regenerated": 0, "empty": 0, "too_long": 0, "no_assistant": 0}
-    stats |= {"turns_regenerated": 0, "turns_kept": 0, "samples_written": 0}
+    stats |= {"turns_regenerated": 0, "turns_kept": 0, "samples_written": 0, "new_tokens": 0}
     streams = []
     for index, record in enumerate(records):
         try:
@@ -209,18 +216,27 @@ def regenerate_split(
         for sample in range(samples):
             streams.append(
                 {"record": index, "sample": sample, "messages": [dict(m) for m in record["messages"]],
-                 "turns": positions, "done": False, "regenerated_turns": 0}
+                 "turns": positions, "first": first, "done": False, "regenerated_turns": 0}
             )  # fmt: skip
-    new_tokens = 0
-    rounds = max((len(s["turns"]) for s in streams), default=0)
+    return {"records": records, "streams": streams, "stats": stats, "samples": samples}
+
+
+def regenerate_rounds(
+    states: list[dict], generate, tokenizer: PreTrainedTokenizerBase, *, max_prompt_length: int
+) -> None:
+    """Every turn round of every split's streams, one `generate` call a round over all splits."""
+    rounds = max((len(s["turns"]) for state in states for s in state["streams"]), default=0)
     for round_index in range(rounds):
-        new_tokens += _stream_round(
-            streams, round_index, records, tokenizer, generate, max_prompt_length, stats
-        )
+        _stream_round(states, round_index, tokenizer, generate, max_prompt_length)
         log.info("regenerate: turn round %d / %d done", round_index + 1, rounds)
-    stats["new_tokens"] = new_tokens
+
+
+def write_split(state: dict, out_path: str | os.PathLike) -> dict:
+    """Write a split's conversations (regenerated samples, or the record unchanged) atomically; returns
+    its counts."""
+    records, stats, samples = state["records"], state["stats"], state["samples"]
     by_record: dict[int, list[dict]] = {}
-    for stream in streams:
+    for stream in state["streams"]:
         by_record.setdefault(stream["record"], []).append(stream)
     with atomic_file(out_path) as fh:
         for index, record in enumerate(records):
@@ -241,55 +257,82 @@ def regenerate_split(
     return stats
 
 
-def run_regenerate(
+def regenerate_split(
     conversations: str | os.PathLike,
-    out_conversations: str | os.PathLike,
-    out_stats: str | os.PathLike,
+    out_path: str | os.PathLike,
+    generate,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    max_prompt_length: int,
+    samples: int = 1,
+    turns: str = "last",
+    seed: int = 0,
+) -> dict:
+    """Write `conversations` with assistant turns regenerated by `generate` (a `HFGenerator` or
+    `SglangGenerator`) to `out_path`; returns the counts."""
+    torch.manual_seed(seed)
+    state = prepare_split(
+        conversations, tokenizer, max_prompt_length=max_prompt_length, samples=samples, turns=turns
+    )
+    regenerate_rounds([state], generate, tokenizer, max_prompt_length=max_prompt_length)
+    return write_split(state, out_path)
+
+
+def run_regenerate(
+    splits: list[tuple[str | os.PathLike, str | os.PathLike, str | os.PathLike]],
     model_dir: str | os.PathLike,
     *,
     settings: RegenerateSettings,
     engine_settings: SglangSettings,
     max_length: int,
     trust_remote_code: bool = False,
-) -> dict:
-    """The regenerate stage (rule regenerate): `settings` (RegenerateSettings) picks the backend,
-    `engine_settings` (the `sglang` section) configures an SGLang engine. Both outputs are written
-    atomically, the conversations once every response is in; an SGLang engine that dies first raises
-    `EngineDied` and neither output is written. Returns the counts."""
+) -> list[dict]:
+    """The regenerate stage (rule regenerate): every split `(conversations, out_conversations,
+    out_stats)` of the job through one generator, one generate call a turn round over all splits.
+    `settings` (RegenerateSettings) picks the backend and, for `sglang`, the generation engines
+    (`settings.engine`); `engine_settings` (the `sglang` section) holds the shared engine keys. With
+    SGLang the splits are read and their first prompts rendered while the engines start. Outputs are
+    written atomically once every response is in; an engine that dies first raises `EngineDied` and no
+    output is written. Returns each split's counts."""
     from eyas.model.target import load_target, load_tokenizer, resolve_device
 
     tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
-    run = dict(
-        # the regenerated sample must still fit tokenize's max_length
-        max_prompt_length=max_length - settings.max_new_tokens,
-        samples=settings.samples,
-        turns=settings.turns,
-        seed=settings.seed,
-    )
+    # the regenerated sample must still fit tokenize's max_length
+    limit = max_length - settings.max_new_tokens
+    shape = dict(max_prompt_length=limit, samples=settings.samples, turns=settings.turns)
     sampling = dict(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
     if settings.backend == "sglang":
-        from eyas.engine.sglang import (
-            base_engine_args,
-            generation_engine_args,
-            start_engine,
-            user_engine_args,
-        )
-
-        base = base_engine_args(engine_settings, model_dir, "bfloat16", trust_remote_code)
-        args = generation_engine_args(
-            base | user_engine_args(engine_settings.engine_args, None), settings.seed
-        )
-        engine = start_engine(args, speculative=False, stage=f"regenerate {out_conversations}")
-        try:
-            generate = SglangGenerator(engine, eos_token_ids={tokenizer.eos_token_id}, **sampling)
-            stats = regenerate_split(conversations, out_conversations, generate, tokenizer, **run)
-        finally:
-            engine.shutdown()
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eyas-prepare") as pool:
+            prepared = pool.submit(lambda: [prepare_split(src, tokenizer, **shape) for src, _, _ in splits])
+            engines = _generation_engines(settings, engine_settings, model_dir, trust_remote_code, splits)
+            with engines:
+                states = prepared.result()
+                generate = SglangGenerator(engines, eos_token_ids={tokenizer.eos_token_id}, **sampling)
+                regenerate_rounds(states, generate, tokenizer, max_prompt_length=limit)
     else:
+        torch.manual_seed(settings.seed)
         device = resolve_device(settings.device)
         model = load_target(model_dir, device=device, trust_remote_code=trust_remote_code)
         generate = HFGenerator(model, tokenizer, batch_size=settings.batch_size, **sampling)
-        stats = regenerate_split(conversations, out_conversations, generate, tokenizer, **run)
-    with atomic_file(out_stats) as fh:
-        json.dump(stats, fh, indent=2)
-    return stats
+        states = [prepare_split(src, tokenizer, **shape) for src, _, _ in splits]
+        regenerate_rounds(states, generate, tokenizer, max_prompt_length=limit)
+    results = []
+    for state, (_, out_conversations, out_stats) in zip(states, splits, strict=True):
+        stats = write_split(state, out_conversations)
+        with atomic_file(out_stats) as fh:
+            json.dump(stats, fh, indent=2)
+        results.append(stats)
+    return results
+
+
+def _generation_engines(settings, engine_settings, model_dir, trust_remote_code, splits):
+    """The job's SGLang generation engines (`regenerate.engine`), named after the job's outputs."""
+    from eyas.engine.generation import GenerationEngines
+    from eyas.engine.sglang import base_engine_args, generation_engine_args, user_engine_args
+
+    base = base_engine_args(engine_settings, model_dir, "bfloat16", trust_remote_code)
+    args = generation_engine_args(
+        base | user_engine_args(engine_settings.engine_args, None), settings.seed, settings.engine
+    )
+    stage = "regenerate " + ", ".join(os.fspath(out) for _, out, _ in splits)
+    return GenerationEngines(args, count=settings.engine.engines, stage=stage)

@@ -1,0 +1,235 @@
+"""The extract stage's SGLang capture path against the same engine's bare prefill, on the same batches.
+
+    python bench/gpu/extraction.py --config config/gpu-smollm2.yaml --model /root/smollm2 \
+        --shard RUN/results/tokens/train/shard-00000.zarr --out OUT [--tokens N] [--variant ...] [--dry]
+
+`bare`: the capture engine's own args (`eyas.extract.sglang_backend.engine_args`, from the config's
+`sglang` section) without the capture switches, no hook, the shard's samples sent `requests_per_call` at
+a time with `max_new_tokens` 0 after the same warm-up the stage sends (its first samples). `eyas`: the
+stage's `extract_shard_sglang` on the same shard (hook, device encode, pinned copy, writer threads,
+`extract.storage` of the config), once per variant (NAME=JSON: `extract` keys over the config's, e.g.
+`{"writer_threads": 4}`, `{"storage": "bf16"}`, and `{"sglang": {"requests_per_call": 4096}}` for the
+top-level `sglang` section). Each run in a fresh process. Reported: tokens a second after the engine is
+up (the stage's own `seconds`, which leave out start-up and warm-up) and end to end (the child's whole
+process), and eyas / bare for both.
+`--tokens N` repeats the shard's samples up to N tokens (a small shard is over before it is timed).
+Writes OUT/extraction.json with the command; `--dry` checks config and shard and writes the plan only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
+from gpubench import parse_variants, run_child, write_json  # noqa: E402
+
+VARIANTS = {"recipe": {}}  # the config's extract section as it is
+CAPTURE_ARGS = (
+    "enable_return_aux_hidden_states",
+    "speculative_algorithm",
+    "return_aux_hidden_state_layer_ids",
+    "enable_return_hidden_states",
+)
+
+
+def extract_settings(config: str, overrides: dict):
+    """The config with `overrides` on top: `extract` keys, and an `sglang` mapping merged key by key into
+    the top-level `sglang` section (the engine's)."""
+    import yaml
+
+    from eyas.config import load_config
+
+    values = yaml.safe_load(Path(config).read_text())
+    values["extract"] = {
+        **(values.get("extract") or {}),
+        **{k: v for k, v in overrides.items() if k != "sglang"},
+    }
+    values["sglang"] = {**(values.get("sglang") or {}), **overrides.get("sglang", {})}
+    return load_config(values)
+
+
+def workload(shard: str, work: Path, tokens: int | None) -> str:
+    """The shard, or its non-empty samples repeated up to `tokens` tokens (a new token shard)."""
+    from eyas.store import read_token_shard, write_token_shard
+
+    source = read_token_shard(shard)
+    if tokens is None:
+        return shard
+    samples = [source.sample(i) for i in range(source.num_samples) if len(source.sample(i)[0])]
+    if not samples:
+        raise SystemExit(f"{shard}: no non-empty sample")
+    out, total = [], 0
+    while total < tokens:
+        out.append(samples[len(out) % len(samples)])
+        total += len(out[-1][0])
+    dst = work / "workload.zarr"
+    write_token_shard(dst, out, [f"r{i}" for i in range(len(out))], dict(source.attrs))
+    return str(dst)
+
+
+def _layer_ids(cfg, model: str) -> list[int]:
+    from eyas.core.layer_ids import resolve_aux_layer_ids
+    from eyas.model.target import read_config
+
+    return resolve_aux_layer_ids(read_config(model), cfg.model.aux_layer_ids)
+
+
+# --------------------------------------------------------------------------- child processes
+def child_bare(args) -> None:
+    began = time.perf_counter()
+    import sglang
+    from sglang.srt.entrypoints.engine import Engine
+
+    from eyas.core.layer_ids import sglang_layer_ids, text_model_type
+    from eyas.engine.sglang import server_arg_names
+    from eyas.extract.sglang_backend import WARMUP_REQUESTS, capture_route, engine_args
+    from eyas.model.target import read_config
+    from eyas.store import read_token_shard
+
+    cfg = extract_settings(args.config, {})
+    settings = cfg.sglang
+    route = capture_route(sglang.__version__)
+    ids = sglang_layer_ids(text_model_type(read_config(args.model)), _layer_ids(cfg, args.model))
+    kwargs = engine_args(route, ids, settings, args.model, "bfloat16", cfg.model.trust_remote_code,
+                         server_arg_names())  # fmt: skip
+    kwargs = {k: v for k, v in kwargs.items() if k not in CAPTURE_ARGS}
+    shard = read_token_shard(args.workload)
+    requests = [shard.sample(i)[0].tolist() for i in range(shard.num_samples)]
+    requests = [r for r in requests if r]
+    start = time.perf_counter()
+    engine = Engine(**kwargs)
+    try:
+        engine.generate(input_ids=requests[:WARMUP_REQUESTS], sampling_params={"max_new_tokens": 0})
+        load_seconds = time.perf_counter() - start
+        timed = time.perf_counter()
+        step = settings.requests_per_call
+        for lo in range(0, len(requests), step):
+            engine.generate(input_ids=requests[lo : lo + step], sampling_params={"max_new_tokens": 0})
+        seconds = time.perf_counter() - timed
+    finally:
+        engine.shutdown()
+    tokens = sum(map(len, requests))
+    result = {"tokens": tokens, "seconds": seconds, "load_seconds": load_seconds,
+              "tokens_per_s": tokens / seconds, "in_process_seconds": time.perf_counter() - began,
+              "engine_args": kwargs}  # fmt: skip
+    Path(args.result).write_text(json.dumps(result))
+
+
+def child_eyas(args) -> None:
+    began = time.perf_counter()
+    import dataclasses
+
+    from eyas.extract.sglang_backend import extract_shard_sglang
+
+    cfg = extract_settings(args.config, json.loads(args.variant_json))
+    ex = cfg.extract
+    stats = extract_shard_sglang(
+        args.workload, str(Path(args.work) / "store.zarr"), args.model,
+        layer_ids=_layer_ids(cfg, args.model), model_id=cfg.model_id,
+        settings=cfg.sglang, trust_remote_code=cfg.model.trust_remote_code,
+        storage=ex.storage, chunk_tokens=ex.chunk_tokens, writer_threads=ex.writer_threads,
+        threads=args.threads,
+    )  # fmt: skip
+    settings = {"extract": dataclasses.asdict(ex), "sglang": dataclasses.asdict(cfg.sglang)}
+    result = stats | {"in_process_seconds": time.perf_counter() - began, **settings}
+    Path(args.result).write_text(json.dumps(result, default=str))
+
+
+# --------------------------------------------------------------------------- the parent
+def rates(entry: dict) -> dict:
+    return {
+        "after_engine_start": entry["tokens_per_s"],
+        "end_to_end": entry["tokens"] / entry["process_seconds"],
+    }
+
+
+def run(args) -> None:
+    import dataclasses
+
+    from eyas.store import read_token_shard
+
+    variants = parse_variants(args.variant, VARIANTS)
+    cfg = extract_settings(args.config, {})
+    work = args.out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    load = workload(args.shard, work, args.tokens) if not args.dry else args.shard
+    shard = read_token_shard(load)
+    result = {
+        "workload": {
+            "shard": args.shard,
+            "samples": shard.num_samples,
+            "tokens": int(shard.sample_offsets[-1]),
+        },
+        "extract": {"storage": cfg.extract.storage},
+        "sglang": dataclasses.asdict(cfg.sglang),
+        "variants": variants if args.dry else {},
+    }
+    if args.dry:
+        write_json(args.out / "extraction.json", result)
+        return
+    common = [
+        "--config",
+        args.config,
+        "--model",
+        args.model,
+        "--workload",
+        load,
+        "--threads",
+        str(args.threads),
+    ]
+    bare = run_child(
+        ["_bare", *common, "--result", str(work / "bare.json")], args.out / "bare.log", args.timeout
+    )
+    if "tokens" in bare:
+        bare["tokens_per_s_by"] = rates(bare)
+    result["bare_prefill"] = bare
+    for name, overrides in variants.items():
+        child_work = work / name
+        child_work.mkdir(parents=True, exist_ok=True)
+        child = ["_eyas", *common, "--variant-json", json.dumps(overrides), "--work", str(child_work),
+                 "--result", str(child_work / "result.json")]  # fmt: skip
+        entry = run_child(child, args.out / f"eyas-{name}.log", args.timeout) | {"overrides": overrides}
+        if "tokens" in entry:
+            entry["tokens_per_s_by"] = rates(entry)
+            if "tokens_per_s_by" in bare:
+                entry["ratio_to_bare"] = {
+                    k: entry["tokens_per_s_by"][k] / bare["tokens_per_s_by"][k]
+                    for k in bare["tokens_per_s_by"]
+                }
+        result["variants"][name] = entry
+        write_json(args.out / "extraction.json", result)
+    write_json(args.out / "extraction.json", result)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "mode", nargs="?", default="run", choices=["run", "_bare", "_eyas"], help=argparse.SUPPRESS
+    )
+    ap.add_argument("--config", default="config/gpu-smollm2.yaml")
+    ap.add_argument("--model", required=True, help="the target's HF dir")
+    ap.add_argument("--shard", help="a token shard of a recipe run (results/tokens/<split>/shard-*.zarr)")
+    ap.add_argument("--out", type=Path, help="folder for extraction.json, logs, work files")
+    ap.add_argument("--tokens", type=int, help="repeat the shard's samples up to this many tokens")
+    ap.add_argument("--variant", action="append", default=[], help="NAME=JSON extract overrides; repeat")
+    ap.add_argument("--threads", type=int, default=16, help="the job's threads (writer pool)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per child run")
+    ap.add_argument("--dry", action="store_true", help="plan only: config and shard checked")
+    for flag in ("--variant-json", "--work", "--result", "--workload"):
+        ap.add_argument(flag, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.mode == "_bare":
+        return child_bare(args)
+    if args.mode == "_eyas":
+        return child_eyas(args)
+    if args.shard is None or args.out is None:
+        ap.error("--shard and --out are required")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""The generation engines (`regenerate.engine`) on the real sglang classes: their arguments resolve as SGLang
+resolves them, and a regenerate job with two engines on the real `Engine` front end (stood-in scheduler
+processes, tests/sglang/standin_engine.py) writes what one engine writes, and fails clearly when a
+scheduler of either dies."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from sglang.srt.server_args import ServerArgs
+
+from eyas.config import RegenerateEngineSettings, SglangSettings
+from eyas.engine.generation import deal
+from eyas.engine.sglang import base_engine_args, generation_engine_args
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "faults"))
+import test_sglang_engine_death as death  # noqa: E402  (its engine-job harness and inputs)
+
+regen_inputs = death.regen_inputs  # the module fixture: prepared conversations and a target dir
+TARGET = {k: v for k, v in death.TINY_TARGET.items()}
+
+
+def test_generation_args_resolve_as_sglang_resolves_them(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TARGET))
+    settings = RegenerateEngineSettings(
+        max_running_requests=2048,
+        cuda_graph_max_bs=2048,
+        prefill_cuda_graph=False,
+        engine_args={"enable_mixed_chunk": True},
+    )
+    base = base_engine_args(SglangSettings(), tmp_path, "bfloat16", False)
+    args = ServerArgs(**generation_engine_args(base, 3, settings), device="cpu")
+    args.resolve_once()
+    resolved = args.resolved_dict()
+    assert resolved["max_running_requests"] == 2048
+    assert resolved["cuda_graph_max_bs_decode"] == 2048
+    assert resolved["cuda_graph_config"]["prefill"]["backend"] == "disabled"  # no prefill graphs captured
+    assert resolved["enable_mixed_chunk"] is True and resolved["random_seed"] == 3
+    # SGLang's own choice unless asked (on a CPU it disables prefill graphs by itself)
+    assert "disable_prefill_cuda_graph" not in generation_engine_args(base, 3, RegenerateEngineSettings())
+
+
+@pytest.mark.parametrize("key", ["max_running_requests", "disable_prefill_cuda_graph", "model_path"])
+def test_generation_engine_args_refuse_keys_eyas_sets(key):
+    settings = RegenerateEngineSettings(engine_args={key: 1})
+    with pytest.raises(ValueError, match=rf"regenerate\.engine\.engine_args\.{key}: set by eyas"):
+        generation_engine_args({}, 0, settings)
+
+
+def test_prompts_are_dealt_evenly_in_order():
+    assert deal(list("abcdefg"), 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert deal(["a"], 4) == [[0], [], [], []]
+
+
+def _job(inputs: Path, root: Path, engines: int) -> dict:
+    job = death._regen_job(inputs, root)
+    job["settings"]["engine"] = {"engines": engines}
+    return job
+
+
+def test_two_engines_write_what_one_engine_writes(tmp_path, regen_inputs):
+    one = death._engine_job(_job(regen_inputs, tmp_path / "one", 1), tmp_path / "one")
+    two = death._engine_job(_job(regen_inputs, tmp_path / "two", 2), tmp_path / "two")
+    assert one["code"] == 0 and two["code"] == 0, (one["stderr"][-2000:], two["stderr"][-2000:])
+    for name in ("train.jsonl", "train.stats.json"):
+        want = (tmp_path / "one" / "results" / "regenerated" / name).read_bytes()
+        assert (tmp_path / "two" / "results" / "regenerated" / name).read_bytes() == want, name
+    assert json.loads(want)["turns_regenerated"] == 12
+
+
+def test_a_scheduler_killed_among_two_engines_fails_the_job_clearly(tmp_path, regen_inputs):
+    job = _job(regen_inputs, tmp_path, 2)
+    run = death._engine_job(job, tmp_path, hang="plain:1")  # each scheduler holds its first request
+    assert run["code"] == 1, run["stderr"][-3000:]
+    last = run["stderr"].strip().splitlines()[-1]
+    stage = re.escape(f"regenerate {job['paths'][1]}")
+    what = rf"scheduler_0 \(pid {run['killed']}, exit code -9\).* exited while the engine was in use"
+    assert re.fullmatch(
+        rf"eyas\.engine\.sglang\.EngineDied: {stage}: the SGLang engine died: .*{what}.*", last
+    ), last
+    assert list((tmp_path / "results" / "regenerated").iterdir()) == []
+    death._engine_processes_gone(tmp_path)

