@@ -133,7 +133,7 @@ CONFIGS = {  # file -> (YAML text, substring the ConfigError must hold besides t
     "wrong_type_bool.yaml": ("model:\n  trust_remote_code: 'yes'\n", "model.trust_remote_code"),
     "wrong_literal.yaml": ("extract:\n  device: gpu\n", "extract.device: 'gpu' is not one of"),
     "wrong_list_item.yaml": ("data:\n  inputs:\n    - {path: 5}\n", "data.inputs[0].path"),
-    "missing_path.yaml": ("data:\n  inputs:\n    - {format: alpaca}\n", "missing required key path"),
+    "missing_path.yaml": ("data:\n  inputs:\n    - {format: alpaca}\n", "path: needed for source file"),
     "not_a_mapping.yaml": ("- model\n- data\n", "expected a mapping"),
     "bad_yaml.yaml": ("model:\n  source: [unclosed\n", "not valid YAML"),
     "zero_max_length.yaml": ("tokenize:\n  max_length: 0\n", "tokenize.max_length must be >= 1"),
