@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from speculators.models.eagle3 import Eagle3DraftModel  # noqa: E402
 
-from eyas.export import vllm_layer_ids  # noqa: E402
+from eyas.core.layer_ids import vllm_layer_ids  # noqa: E402
 from eyas.model.drafter import Eagle3Drafter  # noqa: E402
 
 AUX_IDS, DRAFT_VOCAB, STEPS = [0, 1, 2], 512, 3  # as conftest.py's tiny_export (checked in `exported`)

@@ -25,7 +25,8 @@ pytest.importorskip(
 from vllm.transformers_utils.config import get_config, maybe_override_with_speculators  # noqa: E402
 from vllm.transformers_utils.configs.speculators import SpeculatorsConfig  # noqa: E402
 
-from eyas.export import export_speculators, vllm_layer_ids  # noqa: E402
+from eyas.core.layer_ids import vllm_layer_ids  # noqa: E402
+from eyas.export import export_speculators  # noqa: E402
 
 HUB_ID = "eyas-test/tiny-target"  # well-formed, not a local path: accepted unchecked at export
 
