@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from eyas.config import SglangSettings
-from eyas.engine.sglang import base_engine_args, generation_engine_args, start_engine
+from eyas.engine.sglang import start_engine
+from eyas.engine.sglang_args import base_engine_args, generation_engine_args
 from eyas.model.target import load_target, load_tokenizer
 from eyas.regenerate.responses import HFGenerator, SglangGenerator, regenerate_split
 

@@ -129,11 +129,11 @@ LLAMA_8B = {
 
 def _capture_only_scheduler(route: str, sglang_ids: list[int], *args, **kwargs):
     """Scheduler process with SGLang's aux capture on (as the extract stage turns it on) but no hook."""
-    from eyas.extract import sglang_backend as backend
+    from eyas.extract import sglang_capture as capture
 
     if route == "scheduler":
-        backend._enable_aux_capture(sglang_ids)
-        backend._keep_final_state()
+        capture._enable_aux_capture(sglang_ids)
+        capture._keep_final_state()
     from sglang.srt.managers.scheduler import run_scheduler_process
 
     return run_scheduler_process(*args, **kwargs)

@@ -38,8 +38,9 @@ rule tokenize:
         "results/benchmarks/tokenize/{split}.tsv"
     conda:
         "../envs/eyas.yaml"
+    threads: 8  # worker processes rendering the chat template (one for a small split)
     resources:
-        mem_mb=2000,
+        mem_mb=6000,  # the split's samples + ~380 MB a worker (torch's import, the tokenizer)
         runtime=20,
     params:
         num_shards=num_shards_of,

@@ -52,10 +52,12 @@ rule prompts:
         runtime=240,
     params:
         settings=dataclasses.asdict(EYAS.prompts),
-        # answers between user turns (turns > 1): only these two regenerate settings apply
+        # answers between user turns (turns > 1) and the generation engine's sizing: only these
+        # regenerate settings apply
         answer_settings={
             "max_new_tokens": EYAS.regenerate.max_new_tokens,
             "temperature": EYAS.regenerate.temperature,
+            "engine": dataclasses.asdict(EYAS.regenerate.engine),
         },
         engine_settings=dataclasses.asdict(EYAS.sglang),
         trust_remote_code=EYAS.model.trust_remote_code,

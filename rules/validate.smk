@@ -14,9 +14,9 @@ rule validate:
         "results/benchmarks/validate/{split}-{shard}.tsv"
     conda:
         "../envs/eyas.yaml"
-    threads: 1
+    threads: 8  # blocks of rows read, decoded and scanned at once, and the sha256 streams beside them
     resources:
-        mem_mb=2000,  # one 4096-token block of aux bits at a time (~100 MB at K*H = 12288) + the token shard
+        mem_mb=4000,  # a 4096-token block per thread (~130 MB at K*H = 12288, ~240 MB at H = 7168) + the token shard
         runtime=30,
     params:
         layer_ids=EYAS.model.aux_layer_ids,

@@ -1,11 +1,13 @@
 """Train the EAGLE-3 drafter on the train split's hidden stores (torchrun when train.nproc > 1)."""
 
 import json
+import sys
 
 from eyas.config import TrainSettings, stage_settings
 from eyas.core.gpus import claim_gpus
 from eyas.core.logs import setup_stage_logging
-from eyas.train.job import train_inputs, train_job
+from eyas.train.job import EXIT_PREEMPTED, train_inputs, train_job
+from eyas.train.preemption import Preempted
 
 sm = snakemake  # noqa: F821
 log = setup_stage_logging(sm.log[0], "train")
@@ -23,5 +25,9 @@ inputs = train_inputs(
     heldout=(sm.input.heldout_tokens, list(sm.input.heldout_stores)) if settings.select_by_tau else None,
     threads=max(1, sm.threads // settings.nproc),  # per process
 )
-stats = train_job(settings, inputs, launch_log=sm.log[0])
+try:
+    stats = train_job(settings, inputs, launch_log=sm.log[0])
+except Preempted as exc:  # SIGTERM: checkpoint saved; the rerun (SLURM's requeue, Snakemake) resumes
+    log.error("%s", exc)
+    sys.exit(EXIT_PREEMPTED)
 log.info("train: %s", json.dumps(stats))

@@ -15,7 +15,7 @@ log = setup_stage_logging(sm.log[0], "validate")
 layer_ids = resolve_aux_layer_ids(read_config(sm.input.model), sm.params.layer_ids)
 expected = {"model_id": sm.params.model_id, "model_hash": model_hash(sm.input.model), "layer_ids": layer_ids}
 shard = Path(sm.input.tokens) / shard_name(sm.wildcards.shard)
-manifest = validate_store(shard, sm.input.store, expected)
+manifest = validate_store(shard, sm.input.store, expected, threads=sm.threads)
 write_manifest(sm.output.manifest, manifest)
 log.info(
     "validate %s/%s: %s",

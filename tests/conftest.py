@@ -1,4 +1,5 @@
-"""Shared fixtures: a committed copy of the SmolLM2 tokenizer and a tiny random Llama built on it.
+"""Shared fixtures: a committed copy of the SmolLM2 tokenizer, a tiny random Llama built on it, and small
+random token shards.
 
 Unit tests never fetch anything: the tiny model has SmolLM2's tokenizer, chat template and vocab,
 with 4 layers of width 64, so every stage's code path runs in seconds.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,6 +25,43 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def random_shard(tmp_path):
+    """`random_shard(lengths, name, attrs)` writes a token shard under tmp_path and returns (path,
+    samples): sample i is `lengths[i]` random ids below 100 (seeded), every token trained on (mask 1)."""
+    from eyas.store import write_token_shard
+
+    def write(lengths: list[int], name: str = "tokens.zarr", attrs: dict | None = None):
+        rng = np.random.default_rng(0)
+        samples = [(rng.integers(0, 100, n).astype(np.int32), np.ones(n, np.uint8)) for n in lengths]
+        path = tmp_path / name
+        ids = [f"s{i}" for i in range(len(samples))]
+        write_token_shard(path, samples, ids, attrs if attrs is not None else {"split": "train", "shard": 0})
+        return path, samples
+
+    return write
+
+
+def _one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """The test runs on one torch thread (tiny forwards: more threads only add contention on a shared
+    CPU); the count is restored after. A whole module: `pytestmark = pytest.mark.usefixtures(...)`."""
+    yield from _one_torch_thread()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread_per_module():
+    """`one_torch_thread` held for a whole module, its module-scoped fixtures included."""
+    yield from _one_torch_thread()
 
 
 @pytest.fixture(scope="session")

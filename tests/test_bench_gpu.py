@@ -48,6 +48,28 @@ def test_variants_by_name_or_json_and_bad_ones_refused():
         gpubench.parse_variants(["c=[1]"], defaults)
 
 
+def test_a_bench_runs_or_runs_the_child_mode_it_is_given(capsys):
+    """`run_or_child`: a child mode (as `run_child` re-runs the script) calls its function with the
+    hidden flags parsed; a run calls `run` and refuses a missing required flag."""
+    import argparse
+
+    calls = []
+
+    def main(argv):
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--out")
+        children = {"_child": lambda a: calls.append(("child", a.result))}
+        run = lambda a: calls.append(("run", a.out))  # noqa: E731
+        gpubench.run_or_child(ap, argv, run, children, ["--result"], ["out"])
+
+    main(["_child", "--result", "r.json"])
+    main(["--out", "o"])
+    assert calls == [("child", "r.json"), ("run", "o")]
+    with pytest.raises(SystemExit):
+        main([])
+    assert "--out are required" in capsys.readouterr().err
+
+
 def test_every_builtin_generation_variant_is_a_valid_regenerate_engine_setting():
     for overrides in generation.VARIANTS.values():
         _, settings = generation.load_settings(str(RECIPE), overrides)

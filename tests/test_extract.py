@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from modelkit import token_shard_attrs
 
 from eyas.core.layer_ids import LAYER_ID_CONVENTION, hf_hidden_index, validate_layer_ids
 from eyas.core.provenance import FINAL_NORM, chat_template_hash, sha256_array, tokenizer_hash
@@ -28,25 +29,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _shard_attrs(tokenizer) -> dict:
-    return {
-        "split": "train",
-        "shard": 0,
-        "num_shards": 1,
-        "model_id": "tiny",
-        "tokenizer_hash": tokenizer_hash(tokenizer),
-        "chat_template_hash": chat_template_hash(tokenizer),
-        "max_length": 2048,
-        "eyas_version": "test",
-    }
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +47,7 @@ def samples(tokenizer) -> list[tuple[np.ndarray, np.ndarray]]:
 @pytest.fixture
 def token_shard(tmp_path, samples, tokenizer):
     path = tmp_path / "tokens" / "shard-00000.zarr"
-    write_token_shard(path, samples, [f"s{i}" for i in range(len(samples))], _shard_attrs(tokenizer))
+    write_token_shard(path, samples, [f"s{i}" for i in range(len(samples))], token_shard_attrs(tokenizer))
     return path
 
 
@@ -329,7 +312,7 @@ def test_writer_failure_surfaces_and_leaves_nothing(tmp_path, token_shard, tiny_
 
 def test_empty_shard_and_empty_sample(tmp_path, tiny_model_dir, tokenizer, samples):
     empty = tmp_path / "empty.zarr"
-    write_token_shard(empty, [], [], _shard_attrs(tokenizer))
+    write_token_shard(empty, [], [], token_shard_attrs(tokenizer))
     stats = _extract(empty, tmp_path / "h0.zarr", tiny_model_dir)
     store = HiddenStore(tmp_path / "h0.zarr")
     assert stats["samples"] == 0 and stats["tokens"] == 0 and store.num_samples == 0
@@ -339,7 +322,7 @@ def test_empty_shard_and_empty_sample(tmp_path, tiny_model_dir, tokenizer, sampl
     # A zero-length sample among real ones is written as zero rows and keeps its place.
     with_empty = [samples[0], (np.zeros(0, np.int32), np.zeros(0, np.uint8)), samples[1]]
     path = tmp_path / "with_empty.zarr"
-    write_token_shard(path, with_empty, ["a", "b", "c"], _shard_attrs(tokenizer))
+    write_token_shard(path, with_empty, ["a", "b", "c"], token_shard_attrs(tokenizer))
     _extract(path, tmp_path / "h1.zarr", tiny_model_dir)
     store = HiddenStore(tmp_path / "h1.zarr")
     assert [store.sample(i)[0].shape[0] for i in range(3)] == [len(samples[0][0]), 0, len(samples[1][0])]
@@ -350,7 +333,7 @@ def test_bad_inputs_are_refused(tmp_path, token_shard, tiny_model_dir, tokenizer
         _extract(token_shard, tmp_path / "h.zarr", tiny_model_dir, layer_ids=[0, 1, 4])
     bad = tmp_path / "bad.zarr"
     write_token_shard(
-        bad, [(np.array([5, 49152], np.int32), np.ones(2, np.uint8))], ["x"], _shard_attrs(tokenizer)
+        bad, [(np.array([5, 49152], np.int32), np.ones(2, np.uint8))], ["x"], token_shard_attrs(tokenizer)
     )
     with pytest.raises(ValueError, match=r"bad.zarr: input_ids\[1\] \(sample 0\) = 49152"):
         _extract(bad, tmp_path / "h.zarr", tiny_model_dir)

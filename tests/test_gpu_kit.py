@@ -66,6 +66,21 @@ def test_run_script_dry_start_passes_the_benchs_best_engine_settings(tmp_path):
     assert wait.returncode == 0 and "wait up to 540 s" in wait.stdout
 
 
+def test_run_script_dry_steps_read_the_recipe_config_named_in_the_environment(tmp_path):
+    env = {"EYAS_CODE": str(tmp_path / "code"), "EYAS_RECIPE_CONFIG": "config/smaller.yaml"}
+    for step in ("prepare", "start", "bench-generation"):
+        out = _bash("run_recipe.sh", "--dry", step, tmp_path / "run", env=env)
+        assert out.returncode == 0, out.stderr
+        assert f"{tmp_path}/code/config/smaller.yaml" in out.stdout, step
+        assert "gpu-smollm2.yaml" not in out.stdout, step
+
+
+def test_run_script_dry_kimi_runs_the_wrapped_target_bench_from_the_checkout():
+    out = _bash("run_recipe.sh", "--dry", "kimi", "--steps", "3")
+    assert out.returncode == 0, out.stderr
+    assert "would: python3 bench/gpu/kimi_wrapped.py --out /root/bench/kimi --steps 3" in out.stdout
+
+
 def _xz_tar(path: Path, name: str, text: str) -> None:
     src = path.parent / f"{name}.src"
     src.write_text(text)
@@ -138,3 +153,35 @@ def test_gpu_use_busy_share_and_idle_gaps_named_by_their_jobs(tmp_path):
     assert result["samples"] == 60 and result["busy_share"] == pytest.approx(25 / 60)
     assert [g["seconds"] for g in result["idle_gaps"]] == [30.0]  # the 5 s gap is under min_gap
     assert result["idle_gaps"][0]["jobs"] == ["regenerate"]
+
+
+def test_curve_plan_serves_the_runs_drafter_beside_drafters_on_nested_subsets(tmp_path):
+    plan = campaign.curve_plan(tmp_path / "run", ROOT, "config/gpu-smollm2.yaml", [50, 25])
+    results = (tmp_path / "run").resolve() / "results"
+    assert plan["variants"] == [
+        {"name": "regen-100", "drafter": str(results / "train" / "drafter")},
+        {"name": "regen-50", "run": str(results), "train": {"data_fraction": 0.5}},
+        {"name": "regen-25", "run": str(results), "train": {"data_fraction": 0.25}},
+    ]
+    assert plan["heldout"] == str(results / "prepared" / "eval.jsonl")
+    sys.path.insert(0, str(ROOT / "bench" / "studies"))
+    try:
+        from recipe_sweep import merged_config
+    finally:
+        sys.path.pop(0)
+    config = merged_config(plan["configs"])  # the recipe's own settings, as the sweep reads them
+    assert config.evaluate.num_draft_tokens == [3, 5] and config.train.data_fraction == 1.0
+    with pytest.raises(ValueError, match="1..99"):
+        campaign.curve_plan(tmp_path / "run", ROOT, "config/gpu-smollm2.yaml", [100])
+
+
+def test_run_script_dry_curve_plans_the_sweep_and_its_plot(tmp_path):
+    out = _bash(
+        "run_recipe.sh", "--dry", "curve", tmp_path / "run", "50", env={"EYAS_CODE": str(tmp_path / "code")}
+    )
+    assert out.returncode == 0, out.stderr
+    assert "campaign.py curve-plan" in out.stdout and "--percent 50" in out.stdout
+    assert "recipe_sweep.py --plan" in out.stdout and f"--workdir {tmp_path / 'run'}/curve/work" in out.stdout
+    wait = _bash("run_recipe.sh", "--dry", "wait-curve", tmp_path / "run", "300")
+    assert wait.returncode == 0 and "wait up to 300 s" in wait.stdout
+    assert _bash("run_recipe.sh", "--dry", "wait-curve", tmp_path / "run").returncode == 2

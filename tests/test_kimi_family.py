@@ -28,11 +28,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def family(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("kimi_family")
-    return {
-        "lm": tiny_kimi.write_language_model(out / "deepseek_v3"),
-        "wrapped": tiny_kimi.write_kimi_k25(out / "kimi_k25"),
-    }
+    return tiny_kimi.write_family(tmp_path_factory.mktemp("kimi_family"))
 
 
 @pytest.mark.parametrize("backend", ["hf", "sglang"])

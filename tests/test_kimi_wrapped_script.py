@@ -91,7 +91,7 @@ def test_train_and_export_the_mla_drafter(run):
 def test_serving_inputs_on_cpu(run):
     """All of the served step but the engines: prompts, the exports of the trained drafter and the
     untrained control (both MLA, both recognised as EAGLE-3 drafts by the draft swap), engine args."""
-    from eyas.engine.sglang import is_eagle3_draft_dir
+    from eyas.engine.sglang_draft_swap import is_eagle3_draft_dir
 
     out = run["out"] / "trained"
     if not (out / "export").exists():
@@ -111,3 +111,20 @@ def test_serving_inputs_on_cpu(run):
         and base["skip_tokenizer_init"]
         and base["attention_backend"] == "triton"
     )
+
+
+def test_sglang_capture_is_asked_with_the_engine_settings_it_takes(run, monkeypatch):
+    # The GPU step hands eyas's SGLang backend typed settings (a dict failed there on `tp_size`).
+    asked = {}
+
+    def extract_shard_sglang(shard, out, model_dir, **kw):
+        asked.update(kw, shard=shard, out=out)
+        return {"tokens": 0}
+
+    monkeypatch.setattr("eyas.extract.sglang_backend.extract_shard_sglang", extract_shard_sglang)
+    shard, model = run["data"]["shards"]["train"], run["models"]["wrapped"]
+    assert kimi_wrapped.sglang_store(shard, model, "/tmp/x.zarr", 64, "triton") == {"tokens": 0}
+    settings = asked["settings"]
+    assert (settings.tp_size, settings.chunked_prefill_size, settings.attention_backend) == (1, 64, "triton")
+    assert settings.engine_args == {"enable_multimodal": False}
+    assert asked["layer_ids"] == kimi_wrapped.taps_of(model) and asked["model_id"] == "tiny-kimi"

@@ -12,7 +12,7 @@ import pytest
 # EYAS_LAYERS_SRC: check another tree instead (an older checkout, say)
 SRC = Path(os.environ.get("EYAS_LAYERS_SRC") or Path(__file__).parents[1] / "src" / "eyas")
 LAYERS = [  # bottom first; an entry is a top-level module or package of eyas ("" = eyas itself)
-    {"", "core", "config"},  # foundations with no stage knowledge
+    {"", "core", "config", "settings"},  # foundations: core helpers and the config schema
     {"store", "assets"},
     {"model", "engine"},
     {"data", "regenerate", "extract", "validate"},  # the stages before training
@@ -113,3 +113,43 @@ def test_the_check_sees_a_circle():
     graph = {"eyas.a": {"eyas.b"}, "eyas.b": {"eyas.c"}, "eyas.c": {"eyas.a"}, "eyas.d": set()}
     assert find_cycle(graph) == ["eyas.a", "eyas.b", "eyas.c", "eyas.a"]
     assert find_cycle({"eyas.a": {"eyas.b"}, "eyas.b": set()}) is None
+
+
+# The only modules that import sglang (docs/design.md), each only inside functions, so the rest of eyas
+# imports without it.
+SGLANG_IMPORTERS = {
+    "engine/sglang.py",
+    "engine/sglang_args.py",
+    "engine/sglang_draft_swap.py",
+    "extract/sglang_backend.py",
+    "extract/sglang_capture.py",
+}
+
+
+def sglang_imports(tree: ast.Module) -> tuple[list[ast.stmt], list[int]]:
+    """Every `import sglang...` / `from sglang... import` statement of a module, at any depth, and the
+    lines of those outside any function (imported when the module is)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "sglang" for a in node.names):
+            found.append(node)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] == "sglang":
+            found.append(node)
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    lazy = {id(n) for f in ast.walk(tree) if isinstance(f, functions) for n in ast.walk(f)}
+    return found, [node.lineno for node in found if id(node) not in lazy]
+
+
+def test_only_the_sglang_modules_import_sglang_and_lazily():
+    importers = set()
+    for path in MODULES:
+        found, at_top = sglang_imports(ast.parse(path.read_text()))
+        importers |= {str(path.relative_to(SRC))} if found else set()
+        assert not at_top, f"{path.relative_to(SRC)}: sglang imported at module level, line {at_top}"
+    assert importers == SGLANG_IMPORTERS
+
+
+def test_the_check_sees_an_eager_sglang_import():
+    source = "try:\n    import sglang.srt\nexcept ImportError:\n    pass\ndef f():\n    from sglang import x"
+    found, at_top = sglang_imports(ast.parse(source))
+    assert (len(found), at_top) == (2, [2])

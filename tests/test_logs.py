@@ -96,11 +96,12 @@ def test_progress_and_heartbeat_lines(caplog):
 
 CHILD = textwrap.dedent(
     """
-    import logging, multiprocessing, sys
+    import faulthandler, logging, multiprocessing, sys
     from eyas.core.logs import child_stage_logging, setup_stage_logging
 
     def scheduler():  # as eyas's run_scheduler_process_func wrappers do in a spawned engine process
         child_stage_logging()
+        faulthandler.enable()  # as SGLang's configure_scheduler_process does (needs stderr's fileno)
         logging.basicConfig(level=logging.INFO, format="[child] %(message)s", force=True)
         logging.getLogger("sglang.scheduler").info("Prefill batch, #new-token: 12")
         logging.getLogger("eyas.sglang").info("hook installed")
@@ -112,6 +113,7 @@ CHILD = textwrap.dedent(
         child = multiprocessing.get_context("spawn").Process(target=scheduler)
         child.start()
         child.join()
+        assert child.exitcode == 0, child.exitcode
         log.info("parent after")
     """
 )
@@ -136,3 +138,57 @@ def test_engine_processes_append_to_the_stage_log(tmp_path):
     positions = [text.find(line) for line in order]
     assert -1 not in positions and positions == sorted(positions), text
     assert "eyas.probe." in text.split("hook installed")[0].splitlines()[-1]  # the child's pid in its name
+
+
+RESTARTED = textwrap.dedent(
+    """
+    import sys
+    from eyas.core.logs import setup_stage_logging
+
+    setup_stage_logging(sys.argv[1], "probe").info("this run")
+    """
+)
+
+
+HEADER = "--- SLURM job 42, restart {count}: SLURM requeued this job (preemption, `scontrol requeue`) ---"
+
+
+def _run_stage(tmp_path, env_extra: dict[str, str], path_dir=None) -> str:
+    script, log_path = tmp_path / "job.py", tmp_path / "stage.log"
+    script.write_text(RESTARTED)
+    log_path.write_text("the run before: stopped on SIGTERM\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(env_extra, PYTHONPATH=os.pathsep.join(sys.path))
+    if path_dir is not None:
+        env["PATH"] = f"{path_dir}{os.pathsep}{env['PATH']}"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(log_path)], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return log_path.read_text()
+
+
+def test_a_new_run_starts_a_fresh_log(tmp_path):
+    text = _run_stage(tmp_path, {})
+    assert "the run before" not in text and "this run" in text
+
+
+def test_slurm_restart_of_a_requeued_job_is_named_on_the_logs_first_line(tmp_path):
+    lines = _run_stage(tmp_path, {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}).splitlines()
+    assert lines[0] == HEADER.format(count=1)
+    assert "this run" in lines[1] and len(lines) == 2
+    # a first run of a SLURM job (restart 0) has no such line
+    assert "SLURM" not in _run_stage(tmp_path, {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "0"})
+
+
+def test_restart_count_is_asked_of_scontrol_inside_snakemakes_job_step(tmp_path):
+    # Snakemake's SLURM job step strips SLURM_RESTART_COUNT but keeps SLURM_JOB_ID
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text('#!/bin/sh\n[ "$4" = 42 ] && echo "JobId=42 JobName=x Restarts=2 BatchFlag=1"\n')
+    scontrol.chmod(0o755)
+    text = _run_stage(tmp_path, {"SLURM_JOB_ID": "42"}, path_dir=bin_dir)
+    assert text.splitlines()[0] == HEADER.format(count=2)
+    scontrol.write_text('#!/bin/sh\necho "JobId=42 Restarts=0"\n')
+    assert "SLURM" not in _run_stage(tmp_path, {"SLURM_JOB_ID": "42"}, path_dir=bin_dir)

@@ -12,6 +12,7 @@ import torch
 from eyas.config import (
     ConfigError,
     PromptSettings,
+    RegenerateEngineSettings,
     RegenerateSettings,
     SglangSettings,
     load_config,
@@ -161,6 +162,41 @@ def tool_file(tmp_path) -> Path:
 
 def test_tool_sets_by_language(tool_file):
     assert read_tool_sets([tool_file]) == {"en": [TOOLS_EN], "zh": [TOOLS_ZH]}
+
+
+class _EngineAsked(Exception):
+    """Raised by the stood-in `start_engine`: the test needs the engine's args only."""
+
+
+def test_sglang_backend_sizes_its_engine_as_regeneration_does(
+    tmp_path, tiny_model_dir, tool_file, monkeypatch
+):
+    # The prompts engine is a job's first engine on a fresh machine: it takes `regenerate.engine`
+    # (no prefill graphs, decode graphs up to the admission cap) instead of SGLang's own sizing.
+    asked = {}
+
+    def start_engine(args, **kw):
+        asked.update(args)
+        raise _EngineAsked
+
+    monkeypatch.setattr("eyas.engine.sglang.start_engine", start_engine)
+    engine = RegenerateEngineSettings(max_running_requests=64, cuda_graph_max_bs=64, prefill_cuda_graph=False)
+    with pytest.raises(_EngineAsked):
+        run_prompts(
+            tmp_path / "p.jsonl",
+            tmp_path / "r.jsonl",
+            tmp_path / "s.json",
+            tiny_model_dir,
+            [tool_file],
+            settings=_settings(backend="sglang"),
+            answer_settings=RegenerateSettings(max_new_tokens=4, temperature=1.0, engine=engine),
+            engine_settings=SglangSettings(mem_fraction_static=0.3),
+        )
+    assert asked["max_running_requests"] == 64
+    assert asked["cuda_graph_max_bs_decode"] == 64
+    assert asked["disable_prefill_cuda_graph"] is True
+    assert asked["mem_fraction_static"] == 0.3  # the sglang section still builds the engine
+    assert not (tmp_path / "p.jsonl").exists()
 
 
 def test_same_seed_same_prompts_on_the_hf_path(tmp_path, tiny_model_dir, tool_file):

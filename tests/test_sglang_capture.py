@@ -21,16 +21,9 @@ from eyas.core.layer_ids import (
     text_model_type,
     vllm_layer_ids,
 )
-from eyas.extract.sglang_backend import (
-    CaptureSpec,
-    PrefixReuseError,
-    RowSink,
-    batch_pieces,
-    capture_route,
-    engine_args,
-    request_rid,
-)
-from eyas.store import HiddenStore, write_token_shard
+from eyas.extract.sglang_backend import capture_route, engine_args
+from eyas.extract.sglang_sink import CaptureSpec, PrefixReuseError, RowSink, batch_pieces, request_rid
+from eyas.store import HiddenStore
 from eyas.store.quant import fp8_dequantize, fp8_quantize
 
 K, H = 3, 8
@@ -145,13 +138,9 @@ def _states(length: int, sample: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.fixture
-def shard(tmp_path):
-    rng = np.random.default_rng(0)
-    samples = [(rng.integers(0, 100, n).astype(np.int32), np.ones(n, np.uint8)) for n in LENGTHS]
-    path = tmp_path / "shard-00000.zarr"
+def shard(random_shard):
     attrs = {"split": "train", "shard": 0, "tokenizer_hash": "t", "chat_template_hash": "c"}
-    write_token_shard(path, samples, [f"s{i}" for i in range(len(samples))], attrs)
-    return path, samples
+    return random_shard(LENGTHS, "shard-00000.zarr", attrs)
 
 
 def _spec(tmp_path, shard_path, storage="bf16") -> CaptureSpec:

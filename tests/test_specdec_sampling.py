@@ -23,13 +23,7 @@ from eyas.model.target import load_target, read_config
 ALPHA = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny forwards: more threads only add contention on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
 
 
 def tv_bound(n: int, v: int, alpha: float = ALPHA) -> float:

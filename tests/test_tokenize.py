@@ -246,7 +246,9 @@ def chat(user: str, answer: str) -> list[dict]:
     return [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
 
 
-def run_tokenize(tmp_path: Path, tokenizer_dir, split: str, num_shards: int, max_length: int):
+def run_tokenize(
+    tmp_path: Path, tokenizer_dir, split: str, num_shards: int, max_length: int, workers: int = 1
+):
     """`tokenize_split` of tmp_path/<split>.jsonl into `num_shards` shards there: (stats, shards)."""
     shards = [str(tmp_path / f"shard-{i:05d}.zarr") for i in range(num_shards)]
     stats = tokenize_split(
@@ -258,8 +260,35 @@ def run_tokenize(tmp_path: Path, tokenizer_dir, split: str, num_shards: int, max
         split=split,
         max_length=max_length,
         model_id="tiny",
+        workers=workers,
     )
     return stats, shards
+
+
+def test_worker_processes_write_what_one_process_writes(tmp_path, tokenizer_dir, monkeypatch):
+    import eyas.data.tokenize
+
+    monkeypatch.setattr(eyas.data.tokenize, "RECORDS_PER_TASK", 3)  # several tasks a worker
+    conversations = [chat(f"question {i} " * (i % 7), f"answer {i} " * (i % 5 + 1)) for i in range(40)]
+    conversations[7] = [{"role": "user", "content": "only a question"}]  # a reject among them
+    conversations[23] = chat("long " * 100, "answer " * 50)
+    written = {}
+    for workers, min_bytes in ((1, 0), (2, 0), (2, 1 << 40)):  # the last: a small split, one process
+        monkeypatch.setattr(eyas.data.tokenize, "PARALLEL_MIN_BYTES", min_bytes)
+        out = tmp_path / f"{workers}-{min_bytes}"
+        out.mkdir()
+        write_prepared(out / "train.jsonl", conversations)
+        stats, shards = run_tokenize(
+            out, tokenizer_dir, "train", num_shards=2, max_length=128, workers=workers
+        )
+        assert stats["read"] == 40 and stats["rejected"] == 2, stats
+        arrays = [
+            (s.input_ids.tobytes(), s.loss_mask.tobytes(), s.sample_offsets.tobytes(), s.attrs["sample_ids"])
+            for s in map(read_token_shard, shards)
+        ]
+        assert stats.pop("workers") == (2 if (workers, min_bytes) == (2, 0) else 1)  # the pool ran, or not
+        written[workers, min_bytes] = (arrays, (out / "rejects.jsonl").read_bytes(), stats)
+    assert written[2, 0] == written[1, 0] == written[2, 1 << 40]
 
 
 def test_tokenize_split_shards_rejects_and_stats(tmp_path, tokenizer_dir, tokenizer):
@@ -331,3 +360,29 @@ def test_tokenize_split_fails_when_every_conversation_is_rejected(tmp_path, toke
         run_tokenize(tmp_path, tokenizer_dir, "train", num_shards=1, max_length=128)
     assert "first: id 'c0': too_long" in str(err.value)
     assert not any(tmp_path.glob("shard-*")) and not (tmp_path / "stats.json").exists()
+
+
+@pytest.mark.workflow
+def test_tokenize_rule_runs_a_large_split_on_workers_through_snakemake(tmp_path, tiny_model_dir):
+    """Under Snakemake the workers' spawn re-imports the rule's script as __mp_main__: the split must be
+    tokenized, not hang (a script without its main guard would start the stage in every worker)."""
+    import shutil
+    import subprocess
+    import sys
+
+    import eyas.data.tokenize
+
+    repo = Path(__file__).parents[1]
+    prepared = tmp_path / "results" / "prepared"
+    prepared.mkdir(parents=True)
+    shutil.copytree(tiny_model_dir, tmp_path / "results" / "assets" / "model")
+    conversations = [chat(f"question {i}: " + "word " * 300, f"answer {i}") for i in range(3000)]
+    write_prepared(prepared / "train.jsonl", conversations)
+    assert (prepared / "train.jsonl").stat().st_size >= eyas.data.tokenize.PARALLEL_MIN_BYTES
+    cmd = [sys.executable, "-m", "snakemake", "-d", str(tmp_path), "--configfile",
+           str(repo / "tests" / "workflow" / "config.yaml"), "--cores", "2", "results/tokens/train",
+           "--allowed-rules", "tokenize"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    stats = json.loads((tmp_path / "results" / "tokens" / "train" / "stats.json").read_text())
+    assert stats["read"] == 3000 == stats["kept"] + stats["rejected"] and stats["workers"] == 2, stats

@@ -17,7 +17,7 @@ from trainkit import LAYERS, csv_rows, inputs, run, settings, spawn_worker
 from eyas.data.vocab import save_draft_vocab
 from eyas.model.drafter import Eagle3Drafter
 from eyas.store import ProvenanceError
-from eyas.train import trainer as trainer_mod
+from eyas.train import drafter_setup
 from eyas.train.csvlog import TrainLog
 from eyas.train.loader import PairedLoader, conversation_kept
 from eyas.train.trainer import lr_factor, train
@@ -190,7 +190,7 @@ def test_stores_summary_names_every_storage_and_backend():
         {"num_tokens": 10, "backend": "sglang", "storage": "fp8_e4m3", "compute_dtype": "bfloat16"},
         {"num_tokens": 5, "backend": "hf", "compute_dtype": "bfloat16"},  # before the storage field
     ]
-    assert trainer_mod.stores_summary(attrs) == {
+    assert drafter_setup.stores_summary(attrs) == {
         "count": 2,
         "tokens": 15,
         "storage": ["bf16", "fp8_e4m3"],
@@ -213,7 +213,7 @@ def test_head_init_from_target(data, init_head):
 
     d2t, t2d, _ = load_draft_vocab(data["vocab"])
     attrs = HiddenStore(data["stores"][0]).attrs
-    model, _ = trainer_mod._build_model(
+    model, _ = drafter_setup._build_model(
         data["model"], attrs, d2t, t2d, settings(init_head_from_target=init_head)
     )
     _, head = load_embed_and_head(data["model"])

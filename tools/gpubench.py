@@ -1,11 +1,15 @@
-"""Shared pieces of the GPU campaign's benches (bench/gpu/generation.py, extraction.py): variant parsing,
-child runs timed from outside (a fresh process per variant, so start-up and imports count as they do in
-a pipeline job), and the result JSON with the command that made it."""
+"""Shared pieces of the benches. For the GPU campaign's (bench/gpu/generation.py, extraction.py): variant
+parsing, child runs timed from outside (a fresh process per variant, so start-up and imports count as
+they do in a pipeline job; the script itself in a hidden child mode). For those and the CPU benches
+bench/validate.py and bench/tokenize_workers.py: the result JSON with the command that made it
+(`write_json`), and the host's block in it (`machine`)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -62,9 +66,29 @@ def run_child(args: list[str], log: Path, timeout: float) -> dict:
     return out
 
 
+def run_or_child(ap: argparse.ArgumentParser, argv, run, children: dict, child_flags, required) -> None:
+    """Parse `argv` and run the script: `run(args)`, which needs the flags named in `required`; or, when
+    `run_child` re-runs the script (its first argument a mode of `children`: mode -> function), that
+    mode's function. The mode and the child-only flags `child_flags` are hidden from --help."""
+    ap.add_argument("mode", nargs="?", default="run", choices=["run", *children], help=argparse.SUPPRESS)
+    for flag in child_flags:
+        ap.add_argument(flag, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.mode in children:
+        return children[args.mode](args)
+    if any(getattr(args, name) is None for name in required):
+        ap.error(" and ".join(f"--{name.replace('_', '-')}" for name in required) + " are required")
+    return run(args)
+
+
 def write_json(path: Path, data: dict) -> None:
     """`data` with the command line, written whole (temp file, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps({"command": command_line(), **data}, indent=2) + "\n")
     tmp.replace(path)
+
+
+def machine() -> dict:
+    """The host a bench ran on, for its result JSON: CPU count, platform and Python version."""
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}

@@ -9,6 +9,8 @@
   `KimiK25ForConditionalGeneration` (a 1-block MoonViT vision tower and its patch-merger projector
   from config), as SGLang's `models/kimi_k25.py` (0.5.17, 0.5.23) loads it: `language_model.*` for the
   language model, the vision tower under Kimi's checkpoint names (`wqkv`, `wo`, `mm_projector.proj.N`).
+- `write_family(out)`: both, as `out/deepseek_v3` and `out/kimi_k25` (what the tests and the command
+  below write).
 
 Weights use DeepSeek-V3's checkpoint names (per-expert `experts.E.{gate,up,down}_proj`), bf16, drawn
 from a seeded normal; the tokenizer is the SmolLM2 copy in tests/data/tokenizer (vocab 49,152, with
@@ -233,17 +235,31 @@ def _write(out: Path, config: dict, tensors: dict[str, torch.Tensor], tokenizer_
     return out
 
 
-def write_language_model(out: str | Path, seed: int = 0, tokenizer_dir: Path = TOKENIZER_DIR) -> Path:
-    """The tiny DeepSeek-V3 causal LM as an HF dir at `out`."""
-    return _write(Path(out), TEXT_CONFIG, language_model_tensors(TEXT_CONFIG, seed), tokenizer_dir)
+def write_language_model(
+    out: str | Path, seed: int = 0, tokenizer_dir: Path = TOKENIZER_DIR, text_config: dict = TEXT_CONFIG
+) -> Path:
+    """The tiny DeepSeek-V3 causal LM as an HF dir at `out` (`text_config`: TEXT_CONFIG or a resized copy)."""
+    return _write(Path(out), text_config, language_model_tensors(text_config, seed), tokenizer_dir)
 
 
-def write_kimi_k25(out: str | Path, seed: int = 0, tokenizer_dir: Path = TOKENIZER_DIR) -> Path:
+def write_kimi_k25(
+    out: str | Path, seed: int = 0, tokenizer_dir: Path = TOKENIZER_DIR, text_config: dict = TEXT_CONFIG
+) -> Path:
     """The same language model inside `KimiK25ForConditionalGeneration`, as an HF dir at `out`."""
-    config = {**WRAPPER_CONFIG, "text_config": TEXT_CONFIG, "vision_config": VISION_CONFIG}
-    lm = {f"language_model.{k}": t for k, t in language_model_tensors(TEXT_CONFIG, seed).items()}
-    tensors = lm | vision_tensors(VISION_CONFIG, TEXT_CONFIG["hidden_size"])
+    vision = {**VISION_CONFIG, "text_hidden_size": text_config["hidden_size"]}
+    config = {**WRAPPER_CONFIG, "text_config": text_config, "vision_config": vision}
+    lm = {f"language_model.{k}": t for k, t in language_model_tensors(text_config, seed).items()}
+    tensors = lm | vision_tensors(vision, text_config["hidden_size"])
     return _write(Path(out), config, tensors, tokenizer_dir)
+
+
+def write_family(out: str | Path, seed: int = 0) -> dict[str, Path]:
+    """Both dirs under `out`: {"lm": out/deepseek_v3, "wrapped": out/kimi_k25}."""
+    out = Path(out)
+    return {
+        "lm": write_language_model(out / "deepseek_v3", seed),
+        "wrapped": write_kimi_k25(out / "kimi_k25", seed),
+    }
 
 
 def main() -> None:
@@ -251,9 +267,8 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="writes OUT/deepseek_v3 and OUT/kimi_k25")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    out = Path(args.out)
-    print(write_language_model(out / "deepseek_v3", args.seed))
-    print(write_kimi_k25(out / "kimi_k25", args.seed))
+    for path in write_family(args.out, args.seed).values():
+        print(path)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
-from gpubench import parse_variants, run_child, write_json  # noqa: E402
+from gpubench import parse_variants, run_child, run_or_child, write_json  # noqa: E402
 
 VARIANTS = {"recipe": {}}  # the config's extract section as it is
 CAPTURE_ARGS = (
@@ -85,7 +85,7 @@ def child_bare(args) -> None:
     from sglang.srt.entrypoints.engine import Engine
 
     from eyas.core.layer_ids import sglang_layer_ids, text_model_type
-    from eyas.engine.sglang import server_arg_names
+    from eyas.engine.sglang_args import server_arg_names
     from eyas.extract.sglang_backend import WARMUP_REQUESTS, capture_route, engine_args
     from eyas.model.target import read_config
     from eyas.store import read_token_shard
@@ -207,9 +207,6 @@ def run(args) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "mode", nargs="?", default="run", choices=["run", "_bare", "_eyas"], help=argparse.SUPPRESS
-    )
     ap.add_argument("--config", default="config/gpu-smollm2.yaml")
     ap.add_argument("--model", required=True, help="the target's HF dir")
     ap.add_argument("--shard", help="a token shard of a recipe run (results/tokens/<split>/shard-*.zarr)")
@@ -219,16 +216,9 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=16, help="the job's threads (writer pool)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per child run")
     ap.add_argument("--dry", action="store_true", help="plan only: config and shard checked")
-    for flag in ("--variant-json", "--work", "--result", "--workload"):
-        ap.add_argument(flag, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.mode == "_bare":
-        return child_bare(args)
-    if args.mode == "_eyas":
-        return child_eyas(args)
-    if args.shard is None or args.out is None:
-        ap.error("--shard and --out are required")
-    run(args)
+    children = {"_bare": child_bare, "_eyas": child_eyas}
+    child_flags = ("--variant-json", "--work", "--result", "--workload")
+    run_or_child(ap, argv, run, children, child_flags, required=("shard", "out"))
 
 
 if __name__ == "__main__":

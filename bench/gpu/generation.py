@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
-from gpubench import parse_variants, run_child, write_json  # noqa: E402
+from gpubench import parse_variants, run_child, run_or_child, write_json  # noqa: E402
 
 SPLITS = ("train", "eval")
 # regenerate.engine variants (bench defaults): SGLang's own admission and graphs; every batch in decode
@@ -140,18 +140,40 @@ def child_eyas(args) -> None:
 
 
 def _engine_args(cfg, settings, model: str) -> dict:
-    from eyas.engine.sglang import base_engine_args, generation_engine_args, user_engine_args
+    from eyas.engine.sglang_args import base_engine_args, generation_engine_args, user_engine_args
 
     base = base_engine_args(cfg.sglang, model, "bfloat16", cfg.model.trust_remote_code)
     base |= user_engine_args(cfg.sglang.engine_args, None)
     return generation_engine_args(base, settings.seed, settings.engine)
 
 
+def import_sglang_benchmark():
+    """(DatasetRow, throughput_test_once) of SGLang's offline benchmark. Its package imports every
+    dataset loader, MMMU's `from datasets import load_dataset` among them (sglang 0.5.17 and 0.5.23,
+    `benchmark/datasets/mmmu.py`); where Hugging Face `datasets` is not installed (the GPU image, the
+    sglang test venv) a stand-in module lets the package import. This benchmark loads no dataset: it
+    sends the recorded prompts, and a loader that downloads could not run offline anyway."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("datasets") is None and "datasets" not in sys.modules:
+        stand_in = types.ModuleType("datasets")
+
+        def load_dataset(*args, **kwargs):
+            raise RuntimeError("Hugging Face `datasets` is not installed (bench/gpu/generation.py stand-in)")
+
+        stand_in.load_dataset = load_dataset
+        sys.modules["datasets"] = stand_in
+    from sglang.benchmark.datasets.common import DatasetRow
+    from sglang.benchmark.offline_throughput import throughput_test_once
+
+    return DatasetRow, throughput_test_once
+
+
 def child_sglang(args) -> None:
     """SGLang's own offline benchmark on the recorded prompts, one `throughput_test_once` per round."""
     began = time.perf_counter()
-    from sglang.benchmark.datasets.common import DatasetRow
-    from sglang.benchmark.offline_throughput import throughput_test_once
+    DatasetRow, throughput_test_once = import_sglang_benchmark()  # noqa: N806 (classes)
     from sglang.srt.entrypoints.engine import Engine
 
     from eyas.model.target import load_tokenizer
@@ -253,8 +275,6 @@ def run(args) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    modes = ["run", "_eyas", "_sglang"]
-    ap.add_argument("mode", nargs="?", default="run", choices=modes, help=argparse.SUPPRESS)
     ap.add_argument("--config", default="config/gpu-smollm2.yaml")
     ap.add_argument("--model", required=True, help="the target's HF dir (the recipe's results/assets/model)")
     ap.add_argument("--prepared", type=Path, help="a recipe run's results/prepared (train.jsonl, eval.jsonl)")
@@ -273,18 +293,10 @@ def main(argv=None) -> None:
                     help="best.json: the variant that would generate this many new tokens soonest "
                     "(the recipe's ~18M)")  # fmt: skip
     ap.add_argument("--dry", action="store_true", help="plan only: config, prompt counts, variants")
-    # child-only
-    for flag in ("--variant-json", "--work", "--result", "--record-prompts"):
-        ap.add_argument(flag, help=argparse.SUPPRESS)
-    ap.add_argument("--splits", nargs="+", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.mode == "_eyas":
-        return child_eyas(args)
-    if args.mode == "_sglang":
-        return child_sglang(args)
-    if args.prepared is None or args.out is None:
-        ap.error("--prepared and --out are required")
-    run(args)
+    ap.add_argument("--splits", nargs="+", help=argparse.SUPPRESS)  # child-only
+    children = {"_eyas": child_eyas, "_sglang": child_sglang}
+    child_flags = ("--variant-json", "--work", "--result", "--record-prompts")
+    run_or_child(ap, argv, run, children, child_flags, required=("prepared", "out"))
 
 
 if __name__ == "__main__":

@@ -265,16 +265,17 @@ ENGINE_ARGS = {"enable_multimodal": False}  # why: the module docstring, step 4
 
 
 def sglang_store(shard: str, model_dir: Path, out: str, chunk: int, attention: str) -> dict:
+    from eyas.config import SglangSettings
     from eyas.extract.sglang_backend import extract_shard_sglang
 
-    settings = {
-        "tp_size": 1,
-        "mem_fraction_static": 0.5,
-        "chunked_prefill_size": chunk,
-        "attention_backend": attention,
-        "requests_per_call": 1024,
-        "engine_args": ENGINE_ARGS,
-    }
+    settings = SglangSettings(
+        tp_size=1,
+        mem_fraction_static=0.5,
+        chunked_prefill_size=chunk,
+        attention_backend=attention,
+        requests_per_call=1024,
+        engine_args=ENGINE_ARGS,
+    )
     return extract_shard_sglang(
         shard,
         out,
@@ -291,7 +292,7 @@ def serving_inputs(out: Path, model_dir: Path, data: dict, attention: str, promp
     held-out prompts (tokens before each answer), the trained export and an untrained control of the
     same shape exported by the same exporter (`evaluate.drafters`)."""
     from eyas.config import SglangSettings
-    from eyas.engine.sglang import base_engine_args
+    from eyas.engine.sglang_args import base_engine_args
     from eyas.evaluate.drafters import export_for_serving, load_drafters
     from eyas.store import read_token_shard
 
@@ -333,7 +334,75 @@ def serve(
     }
 
 
-def main() -> None:
+STORES = ("hf-fp32", "hf-bf16", "wrapped", "bare", "wrapped-unchunked")
+UNCHUNKED = 8192  # a chunked-prefill size above every sample's length: each prefilled in one piece
+CAPTURES = (  # step 4: (store, the step's name, model, chunked prefill on)
+    ("wrapped", "capture_wrapped", "wrapped", True),
+    ("bare", "capture_bare", "bare", True),
+    ("wrapped-unchunked", "capture_unchunked", "wrapped", False),
+)
+
+
+class Steps:
+    """The run's record, DIR/kimi_wrapped.json, written again after each timed step."""
+
+    def __init__(self, out: Path):
+        self.path = out / "kimi_wrapped.json"
+        self.result: dict = {"command": shlex.join([sys.executable, *sys.argv]), "seconds": {}}
+
+    def run(self, name: str, fn, *a):
+        start = time.perf_counter()
+        value = fn(*a)
+        self.result["seconds"][name] = round(time.perf_counter() - start, 1)
+        self.write()
+        return value
+
+    def write(self) -> None:
+        self.path.write_text(json.dumps(self.result, indent=2, default=str) + "\n")
+
+
+def reference(steps: Steps, shard: str, bare: Path, stores: dict) -> None:
+    """Step 3; a transformers that cannot run the reference must not hide the SGLang figures: its error
+    is recorded (`reference_error`), not fatal."""
+    try:
+        steps.run(
+            "reference",
+            lambda: [
+                hf_store(shard, bare, stores[n], d, "cuda")
+                for n, d in (("hf-fp32", "float32"), ("hf-bf16", "bfloat16"))
+            ],
+        )
+    except Exception as err:  # noqa: BLE001 (written to the JSON and printed)
+        steps.result["reference_error"] = f"{type(err).__name__}: {err}"
+        print("reference failed:", steps.result["reference_error"], file=sys.stderr)
+
+
+def capture(steps: Steps, shard: str, models: dict, stores: dict, chunk: int, attention: str) -> dict:
+    """Step 4: the SGLang captures of `CAPTURES`, each a timed step."""
+    return {
+        name: steps.run(
+            step, sglang_store, shard, models[model], stores[name], chunk if chunked else UNCHUNKED, attention
+        )
+        for name, step, model, chunked in CAPTURES
+    }
+
+
+def compare(stores: dict, with_reference: bool) -> dict:
+    """Step 5: (a) wrapped vs bare, chunked vs unchunked; (b) each vs the fp32 reference, if it ran."""
+    return {
+        "wrapped_vs_bare": tap_differences(stores["wrapped"], stores["bare"]),
+        "chunked_vs_unchunked": tap_differences(stores["wrapped"], stores["wrapped-unchunked"]),
+        **{
+            f"{n}_vs_hf_fp32": tap_differences(stores[n], stores["hf-fp32"])
+            for n in ("wrapped", "bare", "hf-bf16")
+            if with_reference
+        },
+        "criterion": "(a) wrapped == bare (max_abs 0 expected); "
+        "(b) rel_rms vs fp32 of the order of hf-bf16's",
+    }
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--samples", type=int, default=64)
@@ -343,97 +412,34 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    result: dict = {"command": shlex.join([sys.executable, *sys.argv]), "seconds": {}}
-
-    def step(name: str, fn, *a):
-        start = time.perf_counter()
-        value = fn(*a)
-        result["seconds"][name] = round(time.perf_counter() - start, 1)
-        (out / "kimi_wrapped.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        return value
-
-    models = step("models", make_models, out / "models")
-    data = step("data", make_data, out, models["wrapped"], args.samples)
+    steps = Steps(out)
+    result = steps.result
+    models = steps.run("models", make_models, out / "models")
+    data = steps.run("data", make_data, out, models["wrapped"], args.samples)
     shard = data["shards"]["train"]
-    names = ("hf-fp32", "hf-bf16", "wrapped", "bare", "wrapped-unchunked")
-    stores = {name: str(out / f"{name}.zarr") for name in names}
-    try:  # a transformers that cannot run the reference must not hide the SGLang figures: recorded, not fatal
-        step(
-            "reference",
-            lambda: [
-                hf_store(shard, models["bare"], stores[n], d, "cuda")
-                for n, d in (("hf-fp32", "float32"), ("hf-bf16", "bfloat16"))
-            ],
-        )
-    except Exception as err:  # noqa: BLE001 (written to the JSON and printed)
-        result["reference_error"] = f"{type(err).__name__}: {err}"
-        print("reference failed:", result["reference_error"], file=sys.stderr)
+    stores = {name: str(out / f"{name}.zarr") for name in STORES}
+    reference(steps, shard, models["bare"], stores)
     import sglang
 
     result["sglang_version"] = sglang.__version__
-    result["capture"] = {
-        "wrapped": step(
-            "capture_wrapped",
-            sglang_store,
-            shard,
-            models["wrapped"],
-            stores["wrapped"],
-            args.chunk,
-            args.attention,
-        ),
-        "bare": step(
-            "capture_bare", sglang_store, shard, models["bare"], stores["bare"], args.chunk, args.attention
-        ),
-        "wrapped-unchunked": step(
-            "capture_unchunked",
-            sglang_store,
-            shard,
-            models["wrapped"],
-            stores["wrapped-unchunked"],
-            8192,
-            args.attention,
-        ),
-    }
-    result["compare"] = {
-        "wrapped_vs_bare": tap_differences(stores["wrapped"], stores["bare"]),
-        "chunked_vs_unchunked": tap_differences(stores["wrapped"], stores["wrapped-unchunked"]),
-        **{
-            f"{n}_vs_hf_fp32": tap_differences(stores[n], stores["hf-fp32"])
-            for n in ("wrapped", "bare", "hf-bf16")
-            if "reference_error" not in result
-        },
-        "criterion": "(a) wrapped == bare (max_abs 0 expected); "
-        "(b) rel_rms vs fp32 of the order of hf-bf16's",
-    }
+    result["capture"] = capture(steps, shard, models, stores, args.chunk, args.attention)
+    result["compare"] = compare(stores, "reference_error" not in result)
     result["provenance"] = {n: store_provenance(stores[n]) for n in ("wrapped", "bare")}
-    result["provenance_refusal"] = refused_with_other_hash(
-        data, {"train": stores["wrapped"]}, models["wrapped"], models["bare"], out
+    target, train_on = models["wrapped"], {"train": stores["wrapped"]}
+    result["provenance_refusal"] = refused_with_other_hash(data, train_on, target, models["bare"], out)
+    result["mla_drafter"] = steps.run(
+        "train_export", train_and_export, data, train_on, target, out, args.steps, "cuda"
     )
-    result["mla_drafter"] = step(
-        "train_export",
-        train_and_export,
-        data,
-        {"train": stores["wrapped"]},
-        models["wrapped"],
-        out,
-        args.steps,
-        "cuda",
-    )
-    result["served"] = step(
-        "serve",
-        serve,
-        out,
-        models["wrapped"],
-        data,
-        args.attention,
-        args.k,
-        args.prompts,
-        args.max_new_tokens,
-    )
-    (out / "kimi_wrapped.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    served = (args.attention, args.k, args.prompts, args.max_new_tokens)
+    result["served"] = steps.run("serve", serve, out, target, data, *served)
+    steps.write()
     print(json.dumps({"compare": result["compare"], "tau": result["served"]["tau"]}, indent=1))
 
 

@@ -8,9 +8,12 @@ chunk files. `check_manifest` is the cheap check a consumer runs before reading 
 present and passed, store attrs unchanged, chunk files' count and bytes unchanged: stat only);
 `verify_manifest` re-hashes every chunk file.
 
-The store is read through `eyas.store.HiddenStore` and its attrs only. bf16 arrays (stored as uint16
-bits) are scanned bit-wise: a value is non-finite iff its exponent bits are all ones (NaN: mantissa
-non-zero, Inf: mantissa zero). Other stored dtypes are scanned through `HiddenStore.sample`.
+The store is read through `eyas.store.HiddenStore` and its attrs only, and scanned bit-wise as stored,
+in blocks of rows spread over `threads` threads (the chunk files' sha256 is taken beside them): a bf16
+value (uint16 bits) is non-finite iff its exponent bits are all ones (NaN: mantissa non-zero, Inf:
+mantissa zero); an fp8 e4m3fn value (uint8) is NaN iff its exponent and mantissa bits are all ones (it
+has no Inf), and a row whose per-token scale is NaN or Inf adds `hidden_size` NaN or Inf values (roughly
+what it dequantizes to: a zero times Inf is NaN; any count fails the store either way).
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ import json
 import os
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from eyas.core.atomic import atomic_file
 from eyas.core.layer_ids import LAYER_ID_CONVENTION
@@ -33,6 +36,7 @@ from eyas.store import (
     SHARD_FIELDS,
     STORED_DTYPES,
     HiddenStore,
+    TokenShard,
     hidden_layout,
     read_token_shard,
 )
@@ -40,6 +44,7 @@ from eyas.store import (
 MANIFEST_FORMAT = "eyas.manifest/1"
 BF16_EXPONENT = 0x7F80  # bf16 bits: sign 1, exponent 8, mantissa 7
 BF16_MANTISSA = 0x007F
+FP8_NAN = 0x7F  # e4m3fn bits: sign 1, exponent 4, mantissa 3; S.1111.111 is NaN, there is no Inf
 SCAN_ROWS = 4096  # tokens per block of the NaN/Inf scan: bounded memory, whole 256-token chunks
 
 
@@ -54,6 +59,11 @@ def nonfinite_bf16(bits: np.ndarray) -> tuple[int, int]:
     special = (bits & BF16_EXPONENT) == BF16_EXPONENT
     nan = int(np.count_nonzero(special & ((bits & BF16_MANTISSA) != 0)))
     return nan, int(np.count_nonzero(special)) - nan
+
+
+def nonfinite_fp8(bits: np.ndarray) -> int:
+    """NaN count of fp8 e4m3fn values given as their uint8 bits (the format has no Inf)."""
+    return int(np.count_nonzero((np.asarray(bits, dtype=np.uint8) & FP8_NAN) == FP8_NAN))
 
 
 def attrs_sha256(attrs: Mapping) -> str:
@@ -88,59 +98,70 @@ def _tap_names(attrs: Mapping) -> list[str]:
     return [f"aux[{i}] layer {v}" for i, v in enumerate(attrs.get("layer_ids") or [])]
 
 
-def _scan_nonfinite(store: HiddenStore, num_taps: int, hidden: int) -> dict[str, dict[str, int]]:
+def _block_nonfinite(store: HiddenStore, lo: int, num_taps: int, hidden: int) -> list[tuple[int, int]]:
+    """(NaN, Inf) of each tap and of the final state in rows [lo, lo + SCAN_ROWS) of the store."""
+    hi = min(lo + SCAN_ROWS, int(store.sample_offsets[-1]))
+    aux, final = (
+        store.stored_rows("aux", lo, hi),
+        store.stored_rows("final", lo, hi),
+    )  # [rows, K*H], [rows, H]
+    parts = [aux[:, tap * hidden : (tap + 1) * hidden] for tap in range(num_taps)] + [final]
+    if store.scale is None:
+        return [nonfinite_bf16(part) for part in parts]
+    scale = store.stored_rows("scale", lo, hi)  # [rows, K+1] float32: the taps', then the final state's
+    return [
+        (
+            nonfinite_fp8(part) + hidden * int(np.isnan(scale[:, j]).sum()),
+            hidden * int(np.isinf(scale[:, j]).sum()),
+        )
+        for j, part in enumerate(parts)
+    ]
+
+
+def _scan_nonfinite(store: HiddenStore, num_taps: int, hidden: int, pool: ThreadPoolExecutor) -> dict:
     names = [*_tap_names(store.attrs)[:num_taps], "final"]
     counts = {name: {"nan": 0, "inf": 0} for name in names}
-
-    def add(name: str, nan: int, inf: int) -> None:
-        counts[name]["nan"] += nan
-        counts[name]["inf"] += inf
-
-    total = int(store.sample_offsets[-1])
-    if store.attrs.get("dtype") == "bfloat16" and store.aux.dtype == np.uint16:
-        for lo in range(0, total, SCAN_ROWS):
-            aux = store.aux[lo : lo + SCAN_ROWS]  # [rows, K*H] uint16 bits
-            for tap in range(num_taps):
-                add(names[tap], *nonfinite_bf16(aux[:, tap * hidden : (tap + 1) * hidden]))
-            add("final", *nonfinite_bf16(store.final[lo : lo + SCAN_ROWS]))
-        return counts
-    for index in range(store.num_samples):  # any other stored dtype: through the reader's tensors
-        aux, final = store.sample(index)
-        aux, final = aux.float(), final.float()  # [T, K*H], [T, H]
-        for tap in range(num_taps):
-            part = aux[:, tap * hidden : (tap + 1) * hidden]
-            add(names[tap], int(torch.isnan(part).sum()), int(torch.isinf(part).sum()))
-        add("final", int(torch.isnan(final).sum()), int(torch.isinf(final).sum()))
+    blocks = range(0, int(store.sample_offsets[-1]), SCAN_ROWS)
+    futures = [pool.submit(_block_nonfinite, store, lo, num_taps, hidden) for lo in blocks]
+    try:
+        for future in futures:
+            for name, (nan, inf) in zip(names, future.result(), strict=True):
+                counts[name]["nan"] += nan
+                counts[name]["inf"] += inf
+    except BaseException:  # a block that fails (a corrupt chunk, a signal): the rest is not waited for
+        for future in futures:
+            future.cancel()
+        raise
     return counts
 
 
-def validate_store(
-    token_shard: str | os.PathLike, hidden_store: str | os.PathLike, expected: Mapping | None = None
-) -> dict:
-    """Check `hidden_store` against `token_shard` (and `expected` provenance); return its manifest.
+class _Problems(list):
+    """The problems found so far, in the order checked; each names the field."""
 
-    Raises `StoreInvalid` listing every problem found (each names the field).
-    """
-    started = time.perf_counter()
-    where = os.fspath(hidden_store)
-    try:
-        store = HiddenStore(hidden_store)
-    except Exception as err:  # not a zarr group, or not an eyas store
-        raise StoreInvalid(f"{where}: cannot be opened as a hidden store: {err}") from err
-    shard = read_token_shard(token_shard)
-    attrs = store.attrs
-    problems: list[str] = []
-
-    def expect(field: str, have, want, why: str) -> None:
+    def expect(self, field: str, have, want, why: str) -> None:
         if have != want:
-            problems.append(f"field {field!r} is {have!r}, expected {want!r} ({why})")
+            self.append(f"field {field!r} is {have!r}, expected {want!r} ({why})")
 
+
+def _open_store(hidden_store: str | os.PathLike) -> HiddenStore:
+    try:
+        return HiddenStore(hidden_store)
+    except Exception as err:  # not a zarr group, or not an eyas store
+        raise StoreInvalid(f"{os.fspath(hidden_store)}: cannot be opened as a hidden store: {err}") from err
+
+
+def _check_provenance(
+    problems: _Problems, store: HiddenStore, shard: TokenShard, expected: Mapping | None
+) -> None:
+    """Provenance fields present; counts, checksum, shard fields and sample offsets those of the token
+    shard; the conventions eyas reads by; the tap count; and the `expected` provenance."""
+    attrs = store.attrs
     missing = [f for f in REQUIRED_ATTRS if f not in attrs]
     if missing:
         problems.append(f"provenance fields missing: {missing}")
-    num_tokens = len(shard.input_ids)
+    expect = problems.expect
     expect("num_samples", attrs.get("num_samples"), shard.num_samples, "token shard's samples")
-    expect("num_tokens", attrs.get("num_tokens"), num_tokens, "token shard's input_ids")
+    expect("num_tokens", attrs.get("num_tokens"), len(shard.input_ids), "token shard's input_ids")
     expect("tokens_checksum", attrs.get("tokens_checksum"), sha256_array(shard.input_ids), "token shard")
     for field in SHARD_FIELDS:
         if field in shard.attrs:
@@ -149,41 +170,80 @@ def validate_store(
         problems.append("array 'sample_offsets' differs from the token shard's")
     expect("layer_id_convention", attrs.get("layer_id_convention"), LAYER_ID_CONVENTION, "docs/design.md")
     expect("final_norm", attrs.get("final_norm"), FINAL_NORM, "docs/design.md")
-    layer_ids = attrs.get("layer_ids") or []
-    num_taps, hidden = int(attrs.get("num_taps") or 0), int(attrs.get("hidden_size") or 0)
-    expect("num_taps", num_taps, len(layer_ids), "len(layer_ids)")
+    expect("num_taps", int(attrs.get("num_taps") or 0), len(attrs.get("layer_ids") or []), "len(layer_ids)")
     for field, want in (expected or {}).items():
         expect(
             field, attrs.get(field), list(want) if isinstance(want, tuple) else want, "expected provenance"
         )
 
+
+def _check_arrays(
+    problems: _Problems,
+    store: HiddenStore,
+    num_tokens: int,
+    num_taps: int,
+    hidden: int,
+    pool: ThreadPoolExecutor,
+) -> tuple[dict, dict[str, Future]]:
+    """Each array's shape, dtype and chunks on disk; returns the manifest's `arrays` and, being taken
+    on `pool`, each array's stored files' count, bytes and sha256 (one stream per array)."""
+    attrs = store.attrs
     arrays = {}
     # name -> (row width, on-disk dtype); fp8_e4m3 adds per-token scales of each tap and the final state
     layout = hidden_layout(store.storage, hidden, num_taps)
     checked = [(name, getattr(store, name), width, dtype) for name, (width, dtype) in layout.items()]
+    summaries = {name: pool.submit(chunk_summary, store.path, name) for name, *_ in checked}
     if "dtype" in attrs:
-        expect("dtype", attrs["dtype"], STORED_DTYPES[store.storage], f"storage {store.storage}")
+        problems.expect("dtype", attrs["dtype"], STORED_DTYPES[store.storage], f"storage {store.storage}")
     for name, array, width, dtype in checked:
-        expect(f"{name}.shape", tuple(array.shape), (num_tokens, width), "tokens x width from attrs")
+        problems.expect(f"{name}.shape", tuple(array.shape), (num_tokens, width), "tokens x width from attrs")
         want = np.dtype(dtype).name
-        expect(f"{name}.dtype", str(array.dtype), want, f"{store.storage} is stored as {want}")
+        problems.expect(f"{name}.dtype", str(array.dtype), want, f"{store.storage} is stored as {want}")
         if array.nchunks_initialized != array.nchunks:
             problems.append(
                 f"array {name!r}: {array.nchunks - array.nchunks_initialized} of {array.nchunks} chunks "
                 "missing on disk (they would read back as zeros)"
             )
-        arrays[name] = {
-            "shape": list(array.shape),
-            "dtype": str(array.dtype),
-            "chunks": list(array.chunks),
-            **chunk_summary(hidden_store, name),
-        }
-    nonfinite = {}
-    if not problems:  # a scan of a store of the wrong shape would only add noise
-        nonfinite = _scan_nonfinite(store, num_taps, hidden)
-        for tap, counts in nonfinite.items():
-            if counts["nan"] or counts["inf"]:
-                problems.append(f"{tap}: {counts['nan']} NaN, {counts['inf']} Inf values")
+        arrays[name] = {"shape": list(array.shape), "dtype": str(array.dtype), "chunks": list(array.chunks)}
+    return arrays, summaries
+
+
+def _check_finite(
+    problems: _Problems, store: HiddenStore, num_taps: int, hidden: int, pool: ThreadPoolExecutor
+) -> dict[str, dict[str, int]]:
+    """NaN/Inf counts per tap and of the final state (the manifest's `nonfinite`); any is a problem."""
+    nonfinite = _scan_nonfinite(store, num_taps, hidden, pool)
+    for tap, counts in nonfinite.items():
+        if counts["nan"] or counts["inf"]:
+            problems.append(f"{tap}: {counts['nan']} NaN, {counts['inf']} Inf values")
+    return nonfinite
+
+
+def validate_store(
+    token_shard: str | os.PathLike,
+    hidden_store: str | os.PathLike,
+    expected: Mapping | None = None,
+    threads: int = 1,
+) -> dict:
+    """Check `hidden_store` against `token_shard` (and `expected` provenance); return its manifest.
+    `threads` read and scan blocks of rows (and hash the arrays) at once; the manifest is the same.
+
+    Raises `StoreInvalid` listing every problem found (each names the field).
+    """
+    started = time.perf_counter()
+    where = os.fspath(hidden_store)
+    store = _open_store(hidden_store)
+    shard = read_token_shard(token_shard)
+    problems = _Problems()
+    _check_provenance(problems, store, shard, expected)
+    num_taps, hidden = int(store.attrs.get("num_taps") or 0), int(store.attrs.get("hidden_size") or 0)
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="validate") as pool:
+        arrays, summaries = _check_arrays(problems, store, len(shard.input_ids), num_taps, hidden, pool)
+        nonfinite = {}
+        if not problems:  # a scan of a store of the wrong shape would only add noise
+            nonfinite = _check_finite(problems, store, num_taps, hidden, pool)
+        for name, summary in summaries.items():
+            arrays[name].update(summary.result())
     if problems:
         raise StoreInvalid(f"{where} (token shard {os.fspath(token_shard)}): " + "; ".join(problems))
     return {
@@ -191,8 +251,8 @@ def validate_store(
         "store": where,
         "store_name": Path(hidden_store).name,
         "token_shard": os.fspath(token_shard),
-        "attrs_sha256": attrs_sha256(attrs),
-        "provenance": {f: attrs.get(f) for f in REQUIRED_ATTRS},
+        "attrs_sha256": attrs_sha256(store.attrs),
+        "provenance": {f: store.attrs.get(f) for f in REQUIRED_ATTRS},
         "arrays": arrays,
         "nonfinite": nonfinite,
         "ok": True,

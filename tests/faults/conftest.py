@@ -122,8 +122,8 @@ from faultkit import CONVERSATIONS, EXTRACT_KW  # noqa: E402
 def token_shard_path(tmp_path_factory, tokenizer) -> Path:
     """One token shard of real chat-template samples, spanning several 256-token chunks."""
     import numpy as np
+    from modelkit import token_shard_attrs
 
-    from eyas.core.provenance import chat_template_hash, tokenizer_hash
     from eyas.data.tokenize import build_sample
     from eyas.store import write_token_shard
 
@@ -136,18 +136,8 @@ def token_shard_path(tmp_path_factory, tokenizer) -> Path:
             ]
             ids, mask = build_sample(tokenizer, messages, None)
             samples.append((np.asarray(ids, np.int32), np.asarray(mask, np.uint8)))
-    attrs = {
-        "split": "train",
-        "shard": 0,
-        "num_shards": 1,
-        "model_id": "tiny",
-        "tokenizer_hash": tokenizer_hash(tokenizer),
-        "chat_template_hash": chat_template_hash(tokenizer),
-        "max_length": 2048,
-        "eyas_version": "test",
-    }
     path = tmp_path_factory.mktemp("fault_tokens") / "shard-00000.zarr"
-    write_token_shard(path, samples, [f"s{i}" for i in range(len(samples))], attrs)
+    write_token_shard(path, samples, [f"s{i}" for i in range(len(samples))], token_shard_attrs(tokenizer))
     return path
 
 

@@ -36,7 +36,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -49,10 +48,12 @@ except ImportError:
     )
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "sglang"))
+from modelkit import tiny_llama_config_json  # noqa: E402
 from test_capture_hook import LENGTHS, PREFIX, H, K, _batch, _runner, _spec, _states  # noqa: E402
 
-from eyas.extract.sglang_backend import install_capture, request_rid  # noqa: E402
-from eyas.store import HiddenStore, write_token_shard  # noqa: E402
+from eyas.extract.sglang_capture import install_capture  # noqa: E402
+from eyas.extract.sglang_sink import request_rid  # noqa: E402
+from eyas.store import HiddenStore  # noqa: E402
 
 SCHEDULE = [  # chunked prefill with a 5-token budget, another client's request in between
     [(0, 0, 5)],
@@ -95,18 +96,14 @@ def _fork(*args) -> int:
     return pid
 
 
+@pytest.fixture
+def shard(random_shard):
+    return random_shard(LENGTHS)  # test_capture_hook.py's shard
+
+
 def _run_to_end(spec, samples) -> None:
     pid = _fork(spec, samples, len(SCHEDULE), None)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-
-
-@pytest.fixture
-def shard(tmp_path):
-    rng = np.random.default_rng(0)
-    samples = [(rng.integers(0, 100, n).astype(np.int32), np.ones(n, np.uint8)) for n in LENGTHS]
-    path = tmp_path / "tokens.zarr"
-    write_token_shard(path, samples, [f"s{i}" for i in range(len(samples))], {"split": "train", "shard": 0})
-    return path, samples
 
 
 def test_scheduler_killed_mid_capture_leaves_nothing_finished_and_rerun_is_equal(tmp_path, shard, ledger):
@@ -145,21 +142,6 @@ def test_scheduler_killed_mid_capture_leaves_nothing_finished_and_rerun_is_equal
 # --------------------------------------------------------------------------- regeneration, served evaluation
 JOB = Path(__file__).parents[1] / "sglang" / "engine_job.py"
 JOB_TIMEOUT_S = 600
-TINY_TARGET = {  # tests/conftest.py's tiny Llama
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 49152,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": True,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
 DIED = (
     r"{stage}: the SGLang engine died: {what} \(eyas stopped the engine's other processes\)\. The job "
     r"stops here without writing its outputs\. Rerun it: Snakemake reruns a job whose outputs are missing"
@@ -253,7 +235,7 @@ def regen_inputs(tmp_path_factory, tokenizer_dir):
     root = tmp_path_factory.mktemp("regen_inputs")
     model = root / "model"
     shutil.copytree(tokenizer_dir, model)
-    (model / "config.json").write_text(json.dumps(TINY_TARGET))
+    (model / "config.json").write_text(json.dumps(tiny_llama_config_json()))
     records = []
     for i in range(6):
         messages = []

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from faultkit import LAYER_IDS
+from faultkit import EXTRACT_KW, LAYER_IDS
 
 from eyas.core.layer_ids import LAYER_ID_CONVENTION
 from eyas.core.provenance import model_hash
@@ -20,6 +20,7 @@ from eyas.validate import (
     check_manifest,
     check_manifests,
     nonfinite_bf16,
+    nonfinite_fp8,
     validate_store,
     verify_manifest,
     write_manifest,
@@ -185,9 +186,80 @@ def test_validate_script_resolves_default_taps_of_a_wrapped_config(
         params=SimpleNamespace(layer_ids=None, model_id="tiny"),
         wildcards=SimpleNamespace(split="train", shard="00000"),
         log=[str(tmp_path / "validate.log")],
+        threads=2,
     )
     script = Path(__file__).parents[2] / "scripts" / "validate.py"
     with ledger.case("bad_input", "wrapped (text_config) target, default taps", "validates like extraction"):
         runpy.run_path(str(script), init_globals={"snakemake": sm})
         written = json.loads(manifest.read_text())
         assert written["ok"] and written["provenance"]["layer_ids"] == taps
+
+
+def test_nonfinite_fp8_matches_torch_on_every_bit_pattern():
+    bits = np.arange(256, dtype=np.uint8)
+    values = torch.from_numpy(bits.copy()).view(torch.float8_e4m3fn).float()
+    assert nonfinite_fp8(bits) == int(torch.isnan(values).sum()) == 2  # S.1111.111, both signs
+    assert not torch.isinf(values).any()  # e4m3fn has no Inf
+
+
+@pytest.fixture(scope="module")
+def fp8_store(tmp_path_factory, token_shard_path, tiny_model_dir) -> Path:
+    from eyas.extract.hf_backend import extract_shard
+
+    threads = torch.get_num_threads()
+    out = tmp_path_factory.mktemp("fp8_reference") / "shard-00000.zarr"
+    try:
+        extract_shard(str(token_shard_path), str(out), str(tiny_model_dir), storage="fp8_e4m3", **EXTRACT_KW)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def _without_seconds(manifest: dict) -> dict:
+    return {k: v for k, v in manifest.items() if k != "seconds"}
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Scan blocks of 128 rows, so the fixtures' ~900 tokens make several blocks for the threads."""
+    import eyas.validate
+
+    monkeypatch.setattr(eyas.validate, "SCAN_ROWS", 128)
+
+
+def test_threads_give_the_same_manifest(reference_store, fp8_store, token_shard_path, small_blocks):
+    for store in (reference_store, fp8_store):
+        one = validate_store(token_shard_path, store, threads=1)
+        assert HiddenStore(store).sample_offsets[-1] > 5 * 128  # several blocks
+        assert _without_seconds(validate_store(token_shard_path, store, threads=3)) == _without_seconds(one)
+
+
+FP8_BROKEN = {  # kind -> (array, rows, column, value written; text the StoreInvalid must hold)
+    "nan_code_in_tap1": ("aux", slice(10, 13), "tap1", 0x7F, f"aux[1] layer {LAYER_IDS[1]}: 3 NaN, 0 Inf"),
+    "nan_scale_of_final": ("scale", slice(300, 301), len(LAYER_IDS), np.nan, "final: {hidden} NaN, 0 Inf"),
+    "inf_scale_of_tap0": (
+        "scale",
+        slice(5, 7),
+        0,
+        np.inf,
+        f"aux[0] layer {LAYER_IDS[0]}: 0 NaN, {{twice}} Inf",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FP8_BROKEN))
+def test_broken_fp8_store_is_refused_naming_the_tap(
+    kind, fp8_store, token_shard_path, tmp_path, ledger, small_blocks
+):
+    store = tmp_path / fp8_store.name
+    shutil.copytree(fp8_store, store)
+    name, rows, column, value, message = FP8_BROKEN[kind]
+    group = zarr.open_group(store, mode="r+")
+    hidden = group.attrs["hidden_size"]
+    with ledger.case("bad_input", f"fp8 hidden store: {kind}", "StoreInvalid naming the field/tap"):
+        block = group[name][rows]
+        block[:, hidden + 5 if column == "tap1" else column] = value
+        group[name][rows] = block
+        with pytest.raises(StoreInvalid) as err:
+            validate_store(token_shard_path, store, threads=2)
+        assert message.format(hidden=hidden, twice=2 * hidden) in str(err.value), str(err.value)

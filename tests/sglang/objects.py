@@ -1,5 +1,6 @@
 """Real sglang batch and output objects built on CPU, as the scheduler process hands them to an AFTER hook
-on `ModelRunner.forward` (import as `from objects import ...` in a test under tests/sglang/).
+on `ModelRunner.forward`, and real SGLang model classes loaded from a checkpoint on CPU
+(`load_into_nan`) (import as `from objects import ...` in a test under tests/sglang/).
 
 All three classes are plain dataclasses with no __post_init__ (sglang 0.5.17 and 0.5.23): constructing
 them, and calling `forward_mode.is_extend()` / `capture_hidden_mode.is_full()`, reads no global state,
@@ -17,8 +18,10 @@ Required fields (no default):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunnerOutput
@@ -139,3 +142,22 @@ def standin_forward(states, prefix: str, lengths: Sequence[int], taps: int, hidd
         return runner_output(logits_output(torch.cat(aux), torch.cat(last), forward_batch.batch_size))
 
     return model_forward
+
+
+def load_into_nan(model_class, hf_config, model_dir: Path) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """SGLang's `model_class` built from `hf_config` in bfloat16 (the dtype SGLang serves these
+    checkpoints in), every parameter set to NaN, then `model_dir`'s model.safetensors through the class's
+    real `load_weights` (which skips unknown names): a parameter no tensor reached is still NaN.
+    Returns the model and the checkpoint's tensors."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = model_class(hf_config)
+    finally:
+        torch.set_default_dtype(previous)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    tensors = load_file(str(Path(model_dir) / "model.safetensors"))
+    model.load_weights(iter(tensors.items()))
+    return model, tensors

@@ -18,13 +18,13 @@ answer each with a `BatchTokenIDOutput` as the real scheduler's output streamer 
 settings are ignored: a rerun gives the same tokens), and for the EAGLE-3 engine verify passes and an
 accepted-drafts histogram that are a fixed function of the prompt, the drafter dir served and k (set
 by eyas's select request: its `eyas:steps=<k>` weight version). Where the real scheduler would run
-eyas's draft swap (`sglang_engine.select_draft`, tested on the real weight updater in
+eyas's draft swap (`eyas.engine.sglang_draft_swap.select_draft`, tested on the real weight updater in
 test_served_engine.py), the stand-in only records the drafter and k.
 
 `install()` puts the stand-ins in place (in the job process, before an engine starts): SGLang's
 `Engine.run_scheduler_process_func` and `run_detokenizer_process_func`, and eyas's
-`sglang_engine.draft_swap_scheduler_process`. The engine's processes are spawned, so they import this
-module by name (tests/sglang/ is on the job's sys.path, which spawn hands down).
+`eyas.engine.sglang_draft_swap.draft_swap_scheduler_process`. The engine's processes are spawned, so
+they import this module by name (tests/sglang/ is on the job's sys.path, which spawn hands down).
 
 Faults to inject: `EYAS_STANDIN_HANG=<role>:<n>` (role `plain` or `spec`) makes that scheduler, at
 its n-th request (n = 0: before it is ready), write its pid to `$EYAS_STANDIN_READY` and wait there
@@ -181,7 +181,7 @@ def _serve(port_args, pipe_writer, role: str, served: dict | None) -> None:
     )
     from sglang.srt.utils.network import get_zmq_socket
 
-    from eyas.engine.sglang import STEPS_PREFIX
+    from eyas.engine.sglang_draft_swap import STEPS_PREFIX
 
     _record_pid()
     context = zmq.Context(2)
@@ -213,8 +213,8 @@ def scheduler(server_args, port_args, gpu_id, tp_rank, pp_rank, dp_rank, pipe_wr
 
 
 def spec_scheduler(server_args, port_args, gpu_id, tp_rank, pp_rank, dp_rank, pipe_writer, *args, **kwargs):
-    """Stands in for `sglang_engine.draft_swap_scheduler_process` (SGLang's scheduler with eyas's
-    draft swap): an EAGLE-3 engine serving the start-up drafter at the start-up k."""
+    """Stands in for `eyas.engine.sglang_draft_swap.draft_swap_scheduler_process` (SGLang's scheduler
+    with eyas's draft swap): an EAGLE-3 engine serving the start-up drafter at the start-up k."""
     served = {"drafter": server_args.speculative_draft_model_path, "k": server_args.speculative_num_steps}
     _serve(port_args, pipe_writer, "spec", served)
 
@@ -229,8 +229,8 @@ def install() -> None:
     """In the job process: every engine eyas starts gets the stand-in processes."""
     from sglang.srt.entrypoints.engine import Engine
 
-    import eyas.engine.sglang
+    import eyas.engine.sglang_draft_swap
 
     Engine.run_scheduler_process_func = staticmethod(scheduler)
     Engine.run_detokenizer_process_func = staticmethod(detokenizer)
-    eyas.engine.sglang.draft_swap_scheduler_process = spec_scheduler
+    eyas.engine.sglang_draft_swap.draft_swap_scheduler_process = spec_scheduler

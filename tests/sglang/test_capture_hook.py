@@ -1,21 +1,29 @@
 """The SGLang capture on the real classes (sglang 0.5.23 on CPU): the AFTER hook installed on the real
 `ModelRunner.forward`, fed real `ForwardBatch` / `LogitsProcessorOutput` / `ModelRunnerOutput`
 objects (tests/sglang/objects.py), writes the store; the capture switch of older releases wraps
-the real config resolver and logits processor. Only the model's arithmetic is stood in for: the
-function under the hook returns known rows instead of running a transformer."""
+the real config resolver and logits processor; the extract job drives it request by request. Only
+the model's arithmetic (and, for the job, the engine) is stood in for: the function under the hook
+returns known rows instead of running a transformer."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from modelkit import tiny_llama_config_json
 from objects import decode_batch, extend_batch, standin_forward
 from sglang.srt.layers import logits_processor as lp
 from sglang.srt.model_executor import model_runner as mr
 from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import SpecAuxHiddenStateConfig
 
-from eyas.extract.sglang_backend import CaptureSpec, PrefixReuseError, install_capture, request_rid
-from eyas.store import HiddenStore, write_token_shard
+from eyas.config import SglangSettings
+from eyas.extract import sglang_backend
+from eyas.extract.sglang_capture import install_capture
+from eyas.extract.sglang_sink import CaptureSpec, PrefixReuseError, request_rid
+from eyas.store import HiddenStore
 
 K, H = 3, 8
 PREFIX = "eyas-hook-"
@@ -28,12 +36,8 @@ def _states(sample: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.fixture
-def shard(tmp_path):
-    rng = np.random.default_rng(0)
-    samples = [(rng.integers(0, 100, n).astype(np.int32), np.ones(n, np.uint8)) for n in LENGTHS]
-    path = tmp_path / "tokens.zarr"
-    write_token_shard(path, samples, [f"s{i}" for i in range(len(samples))], {"split": "train", "shard": 0})
-    return path, samples
+def shard(random_shard):
+    return random_shard(LENGTHS)
 
 
 def _spec(tmp_path, shard_path, route="builtin") -> CaptureSpec:
@@ -148,3 +152,56 @@ def test_older_releases_switch_capture_on_in_the_scheduler_process(tmp_path, sha
     final = torch.randn(2, H)
     out = lp.LogitsProcessor.forward(object(), torch.zeros(2), final)
     assert out.last_hidden_states is final and out.hidden_states.shape == (2, K * H)
+
+
+def test_the_extract_job_sends_every_sample_and_reports_the_store(tmp_path, random_shard, monkeypatch):
+    """`extract_shard_sglang` with only the engine stood in: its `generate` hands each call's requests to
+    the hooked real `ModelRunner.forward` as one real extend batch. The job warms up under other rids,
+    then sends every non-empty sample `requests_per_call` at a time; the store the hook wrote holds
+    every sample's rows, and the job's figures add up (the scheduler's stats file is consumed)."""
+    attrs = {"split": "train", "shard": 0, "tokenizer_hash": "t", "chat_template_hash": "c"}
+    path, samples = random_shard(LENGTHS, "shard-00000.zarr", attrs)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(tiny_llama_config_json(hidden_size=H)))
+    calls, started = [], {}
+
+    def engine_class(spec):
+        prefix = spec.rid_prefix
+
+        class StandInEngine:
+            def __init__(self, **kwargs):
+                started.update(kwargs, spec=spec)
+                monkeypatch.setattr(
+                    mr.ModelRunner, "forward", standin_forward(_states, prefix, LENGTHS, K, H)
+                )
+                install_capture(spec)  # as `scheduler_process` does in the scheduler process
+
+            def generate(self, input_ids, sampling_params, rid):
+                assert sampling_params == {"max_new_tokens": 0}
+                calls.append([r.replace(prefix, "") for r in rid])
+                sample = [int(r.removeprefix(prefix)) if r.startswith(prefix) else None for r in rid]
+                entries = [(r, s, 0, len(ids)) for r, s, ids in zip(rid, sample, input_ids, strict=True)]
+                mr.ModelRunner.forward(_runner(mr.ModelRunner), _batch(entries, samples))
+
+            def shutdown(self):
+                started["shut_down"] = True
+
+        return StandInEngine
+
+    monkeypatch.setattr(sglang_backend, "capture_engine_class", engine_class)
+    settings = SglangSettings(requests_per_call=2, engine_args={"device": "cpu"})
+    out = tmp_path / "hidden.zarr"
+    stats = sglang_backend.extract_shard_sglang(
+        str(path), str(out), str(model), layer_ids=[1, 2, 3], model_id="tiny", settings=settings
+    )
+    assert calls == [["warmup-0", "warmup-2", "warmup-3"], ["0", "2"], ["3"]]  # sample 1 is empty
+    assert started["disable_radix_cache"] and started["device"] == "cpu" and started["shut_down"]
+    store = HiddenStore(out)
+    for sample, length in enumerate(LENGTHS):
+        aux, final = store.sample(sample)
+        want_aux, want_final = _states(sample, length)
+        assert torch.equal(aux, want_aux.bfloat16()) and torch.equal(final, want_final.bfloat16()), sample
+    assert store.attrs["backend"] == "sglang" and store.attrs["capture_route"] == stats["capture_route"]
+    assert (stats["samples"], stats["tokens"], stats["forwards"]) == (len(LENGTHS), sum(LENGTHS), 2)
+    assert not Path(started["spec"].stats_path).exists()

@@ -21,7 +21,7 @@ import socket
 import pytest
 import torch
 from modelkit import tiny_drafter_config
-from safetensors.torch import load_file
+from objects import load_into_nan
 from sglang.srt.distributed import parallel_state
 from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
 from sglang.srt.server_args import ServerArgs
@@ -88,19 +88,7 @@ def loaded(sglang_cpu_groups, exported, monkeypatch_module):
     # is module state, patched here for construction only (load_weights does not use RoPE).
     monkeypatch_module.setattr(rope_base, "_is_cpu", True)
     export_dir, _ = exported
-    config = AutoConfig.from_pretrained(str(export_dir))
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # the export's torch_dtype, which SGLang serves in
-    try:
-        model = LlamaForCausalLMEagle3(config)
-    finally:
-        torch.set_default_dtype(previous)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.fill_(float("nan"))
-    tensors = load_file(str(export_dir / "model.safetensors"))
-    model.load_weights(iter(tensors.items()))
-    return model, tensors
+    return load_into_nan(LlamaForCausalLMEagle3, AutoConfig.from_pretrained(str(export_dir)), export_dir)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from objects import load_into_nan
 from test_drafter import MLA_LAYER, tiny_config  # tests/ is on sys.path (rootdir conftest)
 from test_export_load_weights import monkeypatch_module, sglang_cpu_groups  # noqa: F401 (fixtures)
 from transformers import AutoConfig
@@ -59,18 +59,7 @@ def loaded(sglang_cpu_groups, exported, monkeypatch_module):  # noqa: F811 (fixt
     )
     export_dir, _ = exported
     config = AutoConfig.from_pretrained(str(export_dir))
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        model = Eagle3DeepseekV2ForCausalLM(config)
-    finally:
-        torch.set_default_dtype(previous)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.fill_(float("nan"))
-    tensors = load_file(str(export_dir / "model.safetensors"))
-    model.load_weights(iter(tensors.items()))
-    return model, tensors
+    return load_into_nan(Eagle3DeepseekV2ForCausalLM, config, export_dir)
 
 
 def _expected_params(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -11,21 +11,21 @@ import sys
 from pathlib import Path
 
 import pytest
+from modelkit import tiny_llama_config_json
 from sglang.srt.server_args import ServerArgs
 
 from eyas.config import RegenerateEngineSettings, SglangSettings
 from eyas.engine.generation import deal
-from eyas.engine.sglang import base_engine_args, generation_engine_args
+from eyas.engine.sglang_args import base_engine_args, generation_engine_args
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "faults"))
 import test_sglang_engine_death as death  # noqa: E402  (its engine-job harness and inputs)
 
 regen_inputs = death.regen_inputs  # the module fixture: prepared conversations and a target dir
-TARGET = {k: v for k, v in death.TINY_TARGET.items()}
 
 
 def test_generation_args_resolve_as_sglang_resolves_them(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(TARGET))
+    (tmp_path / "config.json").write_text(json.dumps(tiny_llama_config_json()))
     settings = RegenerateEngineSettings(
         max_running_requests=2048,
         cuda_graph_max_bs=2048,
@@ -84,3 +84,20 @@ def test_a_scheduler_killed_among_two_engines_fails_the_job_clearly(tmp_path, re
     ), last
     assert list((tmp_path / "results" / "regenerated").iterdir()) == []
     death._engine_processes_gone(tmp_path)
+
+
+def test_sglang_offline_benchmark_imports_without_hf_datasets():
+    # bench/gpu/generation.py's SGLang child on the H200 died importing the benchmark package (its MMMU
+    # loader imports Hugging Face `datasets`, which neither the GPU image nor this venv has).
+    import importlib.util
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench" / "gpu"))
+    import generation
+
+    had_datasets = importlib.util.find_spec("datasets") is not None
+    row_class, throughput_test_once = generation.import_sglang_benchmark()
+    row = row_class(prompt="hi", prompt_len=1, output_len=4)
+    assert (row.prompt_len, row.output_len) == (1, 4) and callable(throughput_test_once)
+    if not had_datasets:
+        with pytest.raises(RuntimeError, match="not installed"):
+            sys.modules["datasets"].load_dataset("mmmu")

@@ -13,8 +13,7 @@ from __future__ import annotations
 import pytest
 import tiny_kimi  # tools/ is on sys.path (pyproject pythonpath)
 import torch
-from objects import extend_batch
-from safetensors.torch import load_file
+from objects import extend_batch, load_into_nan
 from sglang.srt.configs.model_config import AttentionArch, ModelConfig
 from test_export_load_weights import monkeypatch_module, sglang_cpu_groups  # noqa: F401 (fixtures)
 
@@ -29,11 +28,7 @@ from eyas.model.target import read_config
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("tiny_kimi")
-    return {
-        "wrapped": tiny_kimi.write_kimi_k25(out / "kimi_k25"),
-        "lm": tiny_kimi.write_language_model(out / "lm"),
-    }
+    return tiny_kimi.write_family(tmp_path_factory.mktemp("tiny_kimi"))
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +45,7 @@ def models(sglang_cpu_groups, dirs, monkeypatch_module):  # noqa: F811 (fixtures
         # enable_multimodal=False: what the GPU script serves with (no processor can be made locally),
         # and the model class stays the wrapper (test_model_config_resolves_...)
         config = ModelConfig(str(dirs[name]), enable_multimodal=False)
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            model = cls(config.hf_config)
-        finally:
-            torch.set_default_dtype(previous)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.fill_(float("nan"))
-        model.load_weights(iter(load_file(str(dirs[name] / "model.safetensors")).items()))
+        model, _ = load_into_nan(cls, config.hf_config, dirs[name])
         built[name] = (config, model)
     return built
 

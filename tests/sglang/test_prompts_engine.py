@@ -11,13 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from modelkit import tiny_llama_config_json
+
 JOB = Path(__file__).parent / "engine_job.py"
-TINY_TARGET = {  # tests/conftest.py's tiny Llama (the stood-in scheduler needs no weights)
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 64,
-    "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "head_dim": 16, "max_position_embeddings": 2048, "tie_word_embeddings": True, "bos_token_id": 1,
-    "eos_token_id": 2,
-}  # fmt: skip
 TOOLS = [{"name": "get_weather", "description": "Weather of a city", "parameters": {}}]
 
 
@@ -53,7 +49,7 @@ def _run(job: dict, root: Path) -> subprocess.CompletedProcess:
 def test_prompts_job_on_the_engine_counts_and_reruns_equal(tmp_path, tokenizer_dir):
     model = tmp_path / "model"
     shutil.copytree(tokenizer_dir, model)
-    (model / "config.json").write_text(json.dumps(TINY_TARGET))
+    (model / "config.json").write_text(json.dumps(tiny_llama_config_json()))
     tool_file = tmp_path / "tools.json"
     rows = [{"conversations": [{"from": "human", "value": "Weather?"}, {"from": "gpt", "value": "ok"}],
              "tools": json.dumps(TOOLS)}]  # fmt: skip

@@ -16,6 +16,7 @@ pytest.importorskip(
 )
 
 import torch  # noqa: E402
+from modelkit import tiny_llama_config_json  # noqa: E402
 from objects import decode_batch, extend_batch, logits_output, packed_states, runner_output  # noqa: E402
 from sglang.srt.entrypoints.engine import Engine  # noqa: E402
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput  # noqa: E402
@@ -114,18 +115,7 @@ def test_capture_only_engine_args_resolve_to_full_capture_and_no_speculation(tmp
     from sglang.srt.model_executor.forward_batch_info import get_server_return_hidden_states_mode
     from sglang.srt.runtime_context import get_exec, get_spec, publish, reset_context
 
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 256,
-        "max_position_embeddings": 512,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "config.json").write_text(json.dumps(tiny_llama_config_json()))
     args = ServerArgs(
         model_path=str(tmp_path),
         device="cpu",
@@ -152,7 +142,8 @@ def test_user_engine_args_are_checked_against_the_real_server_args():
     """`sglang.engine_args` keys are ServerArgs fields of this release, or refused by name; every
     arg eyas sets itself is a field too (a rename upstream would show here, not in a GPU job)."""
     from eyas.config import SglangSettings
-    from eyas.extract.sglang_backend import OWNED_ARGS, engine_args, server_arg_names, user_engine_args
+    from eyas.engine.sglang_args import server_arg_names, user_engine_args
+    from eyas.extract.sglang_backend import OWNED_ARGS, engine_args
 
     known = server_arg_names()
     assert user_engine_args({"ep_size": 2, "enable_dp_attention": True}, known) == {

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from modelkit import tiny_llama_config_json
 from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput
 from sglang.srt.managers.scheduler_components import weight_updater
 from sglang.srt.server_args import ServerArgs
@@ -14,30 +15,18 @@ from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
 
 from eyas.config import SglangSettings
-from eyas.engine.sglang import (
+from eyas.engine.sglang_args import (
     SERVED_OWNED_ARGS,
-    STEPS_PREFIX,
     base_engine_args,
     generation_engine_args,
-    install_draft_swap,
-    pin_draft_steps,
     plain_engine_args,
     server_arg_names,
     spec_engine_args,
     user_engine_args,
 )
+from eyas.engine.sglang_draft_swap import STEPS_PREFIX, install_draft_swap, pin_draft_steps
 
-TARGET = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-}
+TARGET = tiny_llama_config_json()
 
 
 def model_dir(path, config):

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from modelkit import tiny_llama_config_json
 
 pytest.importorskip("sglang.srt", reason="runs in .venv-sglang (make test-sglang)")
 
@@ -90,29 +91,12 @@ def test_real_configure_logger_leaves_eyas_lines_in_the_stage_log(tmp_path):
         assert line in proc.stderr  # and on the terminal
 
 
-TINY_TARGET = {  # tests/conftest.py's tiny Llama: config only, the stood-in scheduler needs no weights
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 49152,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": True,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
-
-
 def test_regeneration_on_a_real_engine_front_end_logs_its_rounds(tmp_path, tokenizer_dir):
     """The regenerate stage on the real `Engine` front end (stood-in schedulers, standin_engine.py):
     its round lines and stats, logged after the engine started, are in the stage's log."""
     model = tmp_path / "model"
     shutil.copytree(tokenizer_dir, model)
-    (model / "config.json").write_text(json.dumps(TINY_TARGET))
+    (model / "config.json").write_text(json.dumps(tiny_llama_config_json()))
     records = [
         {
             "id": str(i),

@@ -5,6 +5,12 @@ during it, so a gap between GPU jobs shows which CPU job it was).
 
     python3 tools/gpu/campaign.py status RUN [--out status.json]
     python3 tools/gpu/campaign.py usage RUN/gpu.csv [--log RUN/snakemake.out] [--min-gap 10] [--out gpu.json]
+    python3 tools/gpu/campaign.py curve-plan RUN --code CODE [--percent 50 25] --out RUN/curve-plan.json
+
+`curve-plan` writes the plan of bench/studies/recipe_sweep.py for the tau-vs-data curve of a finished
+run (issue 26): the run's own drafter (`regen-100`) and drafters trained on nested subsets of its
+training conversations (`train.data_fraction`), all served in one engine on the run's held-out prompts
+at the recipe's k values.
 """
 
 from __future__ import annotations
@@ -114,6 +120,23 @@ def usage(csv: Path, log: Path | None, min_gap: float) -> dict:
             "idle_gaps": gaps, "idle_seconds_in_gaps": sum(g["seconds"] for g in gaps)}  # fmt: skip
 
 
+def curve_plan(run: Path, code: Path, config_file: str, percents: list[int]) -> dict:
+    """recipe_sweep's plan for the curve of `run` (its stores, drafter and held-out prompts)."""
+    if not all(0 < p < 100 for p in percents):
+        raise ValueError(f"--percent: each must lie in 1..99 (100 is the run's own drafter), got {percents}")
+    results = run.resolve() / "results"
+    variants = [{"name": "regen-100", "drafter": str(results / "train" / "drafter")}]
+    variants += [
+        {"name": f"regen-{p}", "run": str(results), "train": {"data_fraction": p / 100}} for p in percents
+    ]
+    return {
+        "about": f"tau against data of the run {run}: its drafter and drafters on nested subsets of its data",
+        "configs": [str(code / "config" / "config.yaml"), str(code / config_file)],
+        "heldout": str(results / "prepared" / "eval.jsonl"),
+        "variants": variants,  # the evaluate settings (k, prompts, tokens) are the recipe's own
+    }
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
@@ -125,8 +148,17 @@ def main(argv=None) -> None:
     us.add_argument("--log", type=Path, help="Snakemake's log: name the jobs running in each idle gap")
     us.add_argument("--min-gap", type=float, default=10.0, help="shortest idle stretch reported, seconds")
     us.add_argument("--out", type=Path)
+    cp = sub.add_parser("curve-plan")
+    cp.add_argument("run", type=Path)
+    cp.add_argument("--code", type=Path, required=True, help="the checkout the recipe ran from")
+    cp.add_argument("--config-file", default="config/gpu-smollm2.yaml")
+    cp.add_argument("--percent", type=int, nargs="+", default=[50, 25])
+    cp.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    if args.what == "status":
+    if args.what == "curve-plan":
+        result = curve_plan(args.run, args.code, args.config_file, args.percent)
+        print(json.dumps(result, indent=1))
+    elif args.what == "status":
         result = status(args.run)
         print_status(result)
     else:

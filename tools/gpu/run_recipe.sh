@@ -11,19 +11,28 @@
 #   bash tools/gpu/run_recipe.sh wait RUN SECONDS       until Snakemake ends or SECONDS pass: status table,
 #                                                       results and GPU use into $OUT
 #   bash tools/gpu/run_recipe.sh status RUN             the status table only
+#   bash tools/gpu/run_recipe.sh curve RUN [PERCENT...]  after the recipe: the tau-vs-data curve in the
+#                                                       background (bench/studies/recipe_sweep.py: drafters
+#                                                       on PERCENT% (default 50 25) of the run's data, all served)
+#   bash tools/gpu/run_recipe.sh wait-curve RUN SECONDS until the curve ends or SECONDS pass: its report and
+#                                                       plot (bench/studies/plot_tau_vs_data.py) into $OUT
 #   bash tools/gpu/run_recipe.sh bench-generation RUN [ARGS...]   bench/gpu/generation.py --out $OUT/generation
 #   bash tools/gpu/run_recipe.sh bench-extraction RUN [ARGS...]   bench/gpu/extraction.py --out $OUT/extraction
+#   bash tools/gpu/run_recipe.sh kimi [ARGS...]         bench/gpu/kimi_wrapped.py (issue 28's wrapped target) from
+#                                                       this checkout; its JSON into $OUT
 #
+# EYAS_RECIPE_CONFIG names the recipe's config file in the checkout (default config/gpu-smollm2.yaml);
+# every step of one run must see the same one (prepare's prompts stage depends on it too).
 # RUN is a run folder (e.g. /root/run); the checkout's code is copied to /root/eyas when the first run
 # starts, so later calls' copies of the tree do not touch a running pipeline. `--dry` before the step
 # prints what it would do and checks its arguments only (tests/test_gpu_kit.py runs it on a CPU).
 set -euo pipefail
 KIT=${EYAS_KIT:-/root/kit}
 CODE=${EYAS_CODE:-/root/eyas}
-CONFIG_FILE=config/gpu-smollm2.yaml
+CONFIG_FILE=${EYAS_RECIPE_CONFIG:-config/gpu-smollm2.yaml}
 DRY=0
 if [[ ${1:-} == --dry ]]; then DRY=1; shift; fi
-usage() { sed -n '2,19p' "$0" >&2; exit 2; }
+usage() { sed -n '2,24p' "$0" >&2; exit 2; }
 (($# >= 1)) || usage
 step=$1; shift
 export PYTHONPATH="$CODE/src:$KIT/site:$KIT/tools" EYAS_CACHE="$KIT/cache" PYTHONUNBUFFERED=1
@@ -103,6 +112,8 @@ case $step in
       esac
     done
     copy_code
+    say mkdir -p "$run"
+    ((DRY)) || echo "$CONFIG_FILE" > "$run/config-file"  # what `curve` trains and serves the curve with
     # GPU use, one sample a second, for the busy share and the idle gaps between GPU jobs
     if ((DRY)); then echo "would: setsid nvidia-smi ... -l 1 > $run/gpu.csv"; else
       mkdir -p "$run"
@@ -138,6 +149,34 @@ case $step in
         tar -czf "$OUT/results.tgz" --null -T -) || true
     fi
     ;;
+  curve)
+    need_run "${1:-}"; run=$1; shift; copy_code
+    [[ -f $run/results/train/drafter/config.json ]] || ((DRY)) || { echo "run_recipe curve: $run has no trained drafter yet" >&2; exit 1; }
+    [[ -f $run/config-file ]] && CONFIG_FILE=$(cat "$run/config-file")  # the run's own recipe
+    say mkdir -p "$run/curve"
+    say python3 "$CODE/tools/gpu/campaign.py" curve-plan "$run" --code "$CODE" --config-file "$CONFIG_FILE" \
+      ${1:+--percent "$@"} --out "$run/curve/plan.json"
+    cmd=(python3 "$CODE/bench/studies/recipe_sweep.py" --plan "$run/curve/plan.json" --model "$run/results/assets/model"
+      --out "$run/curve/recipe-curve.json" --workdir "$run/curve/work")
+    if ((DRY)); then echo "would: setsid ${cmd[*]} > $run/curve.out"; else
+      (setsid nohup "${cmd[@]}" > "$run/curve.out" 2>&1 < /dev/null & echo $! > "$run/curve.pid")
+      sleep 5; tail -3 "$run/curve.out"
+    fi
+    ;;
+  wait-curve)
+    need_run "${1:-}"; run=$1
+    [[ ${2:-} =~ ^[0-9]+$ ]] || { echo "run_recipe wait-curve: give the seconds to wait at most" >&2; exit 2; }
+    if ((DRY)); then echo "would: wait up to $2 s for $run/curve.pid, then the curve's report and plot into $OUT"; exit 0; fi
+    [[ -f $run/curve.pid ]] || { echo "run_recipe wait-curve: no curve was started in $run" >&2; exit 1; }
+    end=$((SECONDS + $2))
+    while kill -0 "$(cat "$run/curve.pid")" 2>/dev/null && ((SECONDS < end)); do sleep 5; done
+    mkdir -p "$OUT"; tail -5 "$run/curve.out"
+    cp "$run/curve/recipe-curve.json" "$OUT/" 2>/dev/null || echo "wait-curve: no report yet" >&2
+    # the plot only from a finished report: a partial one has no served tau yet
+    if grep -q '"status": "done"' "$run/curve/recipe-curve.json" 2>/dev/null; then
+      python3 "$CODE/bench/studies/plot_tau_vs_data.py" "$run/curve/recipe-curve.json" --out "$OUT/tau-vs-data"
+    fi
+    ;;
   bench-generation|bench-extraction)
     # work files stay in /root/bench/NAME (a later `start --engine-from` reads best.json there); $OUT gets
     # the JSONs and a tarball of the logs (at most 8 files come back from a call)
@@ -156,6 +195,13 @@ case $step in
       cp "$work"/*.json "$OUT/" 2>/dev/null || true
       (cd "$work" && tar -czf "$OUT/$name-logs.tgz" ./*.log 2>/dev/null) || true
     fi
+    ;;
+  kimi)
+    # from this checkout, not $CODE: the tiny models take their tokenizer from tests/data/tokenizer;
+    # models, stores and drafters stay in /root/bench/kimi, the JSON comes back
+    work=/root/bench/kimi
+    say python3 bench/gpu/kimi_wrapped.py --out "$work" "$@"
+    ((DRY)) || { mkdir -p "$OUT"; cp "$work/kimi_wrapped.json" "$OUT/" 2>/dev/null || echo "kimi: no report" >&2; }
     ;;
   *) usage ;;
 esac

@@ -15,7 +15,10 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import re
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -42,6 +45,12 @@ class _Tee:
     def isatty(self):
         return False
 
+    def fileno(self):
+        # The console's descriptor, as before the tee: SGLang's scheduler process calls
+        # `faulthandler.enable()` on sys.stderr (sglang 0.5.17 `managers/scheduler.py`,
+        # `configure_scheduler_process`), which needs one.
+        return self.streams[0].fileno()
+
 
 def _open_append(log_path: str | os.PathLike):
     # Append mode: the engine's processes append to the same file, and a write at the job process's own
@@ -60,14 +69,40 @@ def _install(name: str) -> logging.Logger:
     return logging.getLogger(f"eyas.{name}")
 
 
+def _slurm_restart() -> str | None:
+    """'SLURM job J, restart N' when this run is SLURM's restart of a requeued job (preemption,
+    `scontrol requeue`), else None. SLURM sets SLURM_RESTART_COUNT in a restarted batch job
+    (https://slurm.schedmd.com/sbatch.html#OPT_SLURM_RESTART_COUNT), but Snakemake's SLURM job step
+    passes on only the job's id to the rule's own `srun`, so the count is asked of `scontrol` then.
+    The log of the run SLURM stopped is gone by then: Snakemake removes a job's log before it runs
+    the job, and SLURM truncates the job's output file at a restart."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return None
+    count = os.environ.get("SLURM_RESTART_COUNT")
+    if count is None and shutil.which("scontrol"):
+        try:
+            out = subprocess.run(["scontrol", "-o", "show", "job", job_id],
+                                 capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        count = next(iter(re.findall(r"\bRestarts=(\d+)", out)), None)
+    if not count or not count.isdigit() or int(count) == 0:
+        return None
+    return f"SLURM job {job_id}, restart {count}"
+
+
 def setup_stage_logging(log_path: str | os.PathLike | None, name: str) -> logging.Logger:
     """Tee stdout/stderr (progress bars included) into `log_path` and return the stage's logger.
+    In SLURM's restart of a requeued job the log's first line says so.
 
     `kill -USR1 <pid>` writes every thread's Python stack into the log and the job goes on: where a
     slow or stuck stage spends its time, without a profiler on the machine."""
     if log_path:
         open(log_path, "w").close()  # a fresh log per run; then appended to (see _open_append)
         log_file = _open_append(log_path)
+        if restart := _slurm_restart():  # Snakemake removed the log of the run SLURM stopped
+            log_file.write(f"--- {restart}: SLURM requeued this job (preemption, `scontrol requeue`) ---\n")
         sys.stdout = _Tee(sys.__stdout__, log_file)
         sys.stderr = _Tee(sys.__stderr__, log_file)
         if hasattr(signal, "SIGUSR1"):

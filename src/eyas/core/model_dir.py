@@ -39,18 +39,7 @@ def _tokenizer_max_id(path: Path) -> int | None:
     return max(ids) if ids else None
 
 
-def check_model_dir(
-    model_dir: str | os.PathLike, backend: str = "hf", trust_remote_code: bool = False
-) -> None:
-    """Refuse a target dir the pipeline cannot use, naming the path and the fix, from its files alone
-    (no transformers import, no weights read: the Snakefile runs it before any job).
-
-    Checked: config.json parses; weights are safetensors (eyas reads tensors by name from them and
-    never unpickles `.bin`); tokenizer files and a chat template are there; the tokenizer's ids fit the
-    model's vocab_size; the architecture is a causal LM the `hf` backend can run; a model_type the
-    installed transformers does not know comes with code (`auto_map`) and trust_remote_code is set."""
-    model_dir = Path(model_dir)
-    config_path = model_dir / "config.json"
+def _read_config(config_path: Path) -> dict:
     if not config_path.is_file():
         raise ModelDirError(
             f"target model: {config_path} does not exist (model.source must be a Hugging Face model dir)"
@@ -62,18 +51,25 @@ def check_model_dir(
         raise ModelDirError(f"target model: {config_path}{where}: not valid JSON ({err})") from err
     if not isinstance(config, dict):
         raise ModelDirError(f"target model: {config_path}: expected a JSON object")
+    return config
 
-    names = {p.name for p in model_dir.iterdir()}
-    if not any(n.endswith(".safetensors") for n in names):
-        pickled = sorted(n for n in names if n.endswith((".bin", ".pt", ".pth", ".ckpt")))
-        if pickled:
-            raise ModelDirError(
-                f"target model: {model_dir} has weights only as pickles ({', '.join(pickled[:3])}); eyas "
-                "loads safetensors only. Fix: convert once where you trust the file, e.g. "
-                "`AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(NEW)` (safetensors by default)"
-            )
-        raise ModelDirError(f"target model: {model_dir} has no *.safetensors weights")
 
+def _check_weights(model_dir: Path, names: set[str]) -> None:
+    """Safetensors weights only: eyas reads tensors by name from them and never unpickles."""
+    if any(n.endswith(".safetensors") for n in names):
+        return
+    pickled = sorted(n for n in names if n.endswith((".bin", ".pt", ".pth", ".ckpt")))
+    if pickled:
+        raise ModelDirError(
+            f"target model: {model_dir} has weights only as pickles ({', '.join(pickled[:3])}); eyas "
+            "loads safetensors only. Fix: convert once where you trust the file, e.g. "
+            "`AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(NEW)` (safetensors by default)"
+        )
+    raise ModelDirError(f"target model: {model_dir} has no *.safetensors weights")
+
+
+def _check_tokenizer_files(model_dir: Path, names: set[str]) -> None:
+    """Tokenizer files and a chat template."""
     if not names & {"tokenizer.json", "tokenizer_config.json"}:
         raise ModelDirError(
             f"target tokenizer: {model_dir} has no tokenizer.json or tokenizer_config.json. Fix: copy the "
@@ -93,6 +89,9 @@ def check_model_dir(
             "its chat_template.jinja to the dir"
         )
 
+
+def _check_vocab(model_dir: Path, names: set[str], config: dict) -> None:
+    """The tokenizer's ids fit the model's vocab_size."""
     text_config = config.get("text_config") or config
     vocab_size = text_config.get("vocab_size", config.get("vocab_size"))
     if "tokenizer.json" in names and isinstance(vocab_size, int):
@@ -104,21 +103,32 @@ def check_model_dir(
                 "model's own tokenizer files in the dir"
             )
 
+
+def _check_model_type(
+    model_dir: Path, config_path: Path, config: dict, backend: str, trust_remote_code: bool
+) -> None:
+    """A model_type the installed transformers does not know comes with code (`auto_map`) that
+    trust_remote_code allows (the `hf` backend needs one or the other)."""
     model_type = str(config.get("model_type") or "")
-    architectures = [str(a) for a in config.get("architectures") or []]
-    if model_type and not _transformers_knows(model_type):
-        if not config.get("auto_map"):
-            if backend == "hf":  # SGLang has model classes of its own; the hf backend has only these
-                raise ModelDirError(
-                    f"target model: {config_path}: model_type {model_type!r} is unknown to the installed "
-                    "transformers and the dir has no custom code (auto_map). Fix: a newer transformers"
-                )
-        elif not trust_remote_code:
+    if not model_type or _transformers_knows(model_type):
+        return
+    if not config.get("auto_map"):
+        if backend == "hf":  # SGLang has model classes of its own; the hf backend has only these
             raise ModelDirError(
-                f"target model: {model_dir} needs its own modelling code (model_type {model_type!r}, "
-                f"auto_map in config.json). Fix: read the dir's *.py and, if you trust them, set "
-                "model.trust_remote_code: true"
+                f"target model: {config_path}: model_type {model_type!r} is unknown to the installed "
+                "transformers and the dir has no custom code (auto_map). Fix: a newer transformers"
             )
+    elif not trust_remote_code:
+        raise ModelDirError(
+            f"target model: {model_dir} needs its own modelling code (model_type {model_type!r}, "
+            f"auto_map in config.json). Fix: read the dir's *.py and, if you trust them, set "
+            "model.trust_remote_code: true"
+        )
+
+
+def _check_causal_lm(config_path: Path, config: dict, backend: str) -> None:
+    """The `hf` backend runs decoder-only causal LMs only."""
+    architectures = [str(a) for a in config.get("architectures") or []]
     if backend == "hf" and (
         config.get("is_encoder_decoder")
         or (architectures and not any(a.endswith(CAUSAL_LM_SUFFIXES) for a in architectures))
@@ -129,3 +139,24 @@ def check_model_dir(
             "causal LM, which extract.backend hf runs (architectures ending in "
             f"{', '.join(CAUSAL_LM_SUFFIXES)}). Fix: a decoder-only target"
         )
+
+
+def check_model_dir(
+    model_dir: str | os.PathLike, backend: str = "hf", trust_remote_code: bool = False
+) -> None:
+    """Refuse a target dir the pipeline cannot use, naming the path and the fix, from its files alone
+    (no transformers import, no weights read: the Snakefile runs it before any job).
+
+    Checked: config.json parses; weights are safetensors (eyas reads tensors by name from them and
+    never unpickles `.bin`); tokenizer files and a chat template are there; the tokenizer's ids fit the
+    model's vocab_size; the architecture is a causal LM the `hf` backend can run; a model_type the
+    installed transformers does not know comes with code (`auto_map`) and trust_remote_code is set."""
+    model_dir = Path(model_dir)
+    config_path = model_dir / "config.json"
+    config = _read_config(config_path)
+    names = {p.name for p in model_dir.iterdir()}
+    _check_weights(model_dir, names)
+    _check_tokenizer_files(model_dir, names)
+    _check_vocab(model_dir, names, config)
+    _check_model_type(model_dir, config_path, config, backend, trust_remote_code)
+    _check_causal_lm(config_path, config, backend)

@@ -116,6 +116,100 @@ def _normalize(raw: RawRecord, fmt: str) -> dict:
     return conversation | {"pending": True}
 
 
+def _check_arguments(
+    inputs: list[tuple[str, str]], eval_fraction: float, eval_max: int | None, max_conversations: int | None
+) -> None:
+    if not 0.0 <= eval_fraction <= 1.0:
+        raise ValueError(f"eval_fraction must be in [0, 1], got {eval_fraction}")
+    for name, value in (("eval_max", eval_max), ("max_conversations", max_conversations)):
+        if value is not None and value < 0:
+            raise ValueError(f"{name} must be >= 0 or None, got {value}")
+    for path, fmt in inputs:
+        if fmt not in (*FORMATS, PROMPTS_FORMAT):
+            raise ValueError(f"{path}: unknown format {fmt!r}; expected one of {(*FORMATS, PROMPTS_FORMAT)}")
+
+
+class _Screen:
+    """Reads every input and decides each record: valid (normalized, not a duplicate) or rejected with
+    its reason. Counts per file (read, kept, rejected, over_cap) and rejects per reason."""
+
+    def __init__(self) -> None:
+        self.valid: list[tuple[dict, Counter[str]]] = []  # (conversation, its file's counts)
+        self.rejects: list[dict] = []
+        self.by_reason: Counter[str] = Counter()
+        self.by_file: dict[str, Counter[str]] = {}
+        self.seen_ids: dict[str, str] = {}  # id -> source of the record that holds it
+        self.seen_content: dict[str, str] = {}  # content hash -> source
+
+    def read(self, path: str, fmt: str) -> None:
+        counts = self.by_file.setdefault(str(path), Counter(read=0, kept=0, rejected=0, over_cap=0))
+        for raw in read_records(path):
+            counts["read"] += 1
+            try:
+                conversation, digest = self._check(raw, fmt)
+            except RecordRejected as err:
+                counts["rejected"] += 1
+                self._reject(raw, err)
+                continue
+            self.seen_ids[conversation["id"]] = raw.source
+            self.seen_content[digest] = raw.source
+            self.valid.append((conversation, counts))
+
+    def _check(self, raw: RawRecord, fmt: str) -> tuple[dict, str]:
+        """(conversation, content hash) of a valid record that is no duplicate; else RecordRejected."""
+        if raw.error is not None:
+            raise raw.error
+        conversation = _normalize(raw, fmt)
+        digest = content_hash(conversation["messages"], conversation["tools"])
+        if digest in self.seen_content:
+            raise RecordRejected("duplicate", f"same messages and tools as {self.seen_content[digest]}")
+        if conversation["id"] in self.seen_ids:
+            raise RecordRejected(
+                "duplicate", f"id {conversation['id']!r} already at {self.seen_ids[conversation['id']]}"
+            )
+        return conversation, digest
+
+    def _reject(self, raw: RawRecord, err: RecordRejected) -> None:
+        self.by_reason[err.reason] += 1
+        self.rejects.append(
+            {
+                "source": raw.source,
+                "reason": err.reason,
+                "detail": err.detail,
+                "record": truncate_record(raw.record),
+            }
+        )
+
+    def keep_capped(self, cap: int | None, seed: int) -> list[dict]:
+        """The valid conversations within the `max_conversations` cap (`_cap_sample`), in input order;
+        the others count as over_cap."""
+        chosen = _cap_sample([c["id"] for c, _ in self.valid], cap, seed)
+        kept = []
+        for index, (conversation, counts) in enumerate(self.valid):
+            if index in chosen:
+                counts["kept"] += 1
+                kept.append(conversation)
+            else:
+                counts["over_cap"] += 1
+        return kept
+
+    def stats(self, train: list[dict], evaluation: list[dict]) -> dict:
+        totals = Counter()
+        for counts in self.by_file.values():
+            totals.update(counts)
+        stats = {
+            "read": totals["read"],
+            "kept": totals["kept"],
+            "rejected": totals["rejected"],
+            "over_cap": totals["over_cap"],
+            "by_reason": dict(sorted(self.by_reason.items())),
+            "by_file": {path: dict(counts) for path, counts in self.by_file.items()},
+            "splits": {"train": len(train), "eval": len(evaluation)},
+        }
+        assert stats["read"] == stats["kept"] + stats["rejected"] + stats["over_cap"], stats
+        return stats
+
+
 def prepare(
     inputs: list[tuple[str, str]],
     out_train: str,
@@ -129,83 +223,20 @@ def prepare(
     max_conversations: int | None,
 ) -> dict:
     """Normalize, validate, dedup, cap and split `(path, format)` inputs; returns the stats dict."""
-    if not 0.0 <= eval_fraction <= 1.0:
-        raise ValueError(f"eval_fraction must be in [0, 1], got {eval_fraction}")
-    for name, value in (("eval_max", eval_max), ("max_conversations", max_conversations)):
-        if value is not None and value < 0:
-            raise ValueError(f"{name} must be >= 0 or None, got {value}")
+    _check_arguments(inputs, eval_fraction, eval_max, max_conversations)
+    screen = _Screen()
     for path, fmt in inputs:
-        if fmt not in (*FORMATS, PROMPTS_FORMAT):
-            raise ValueError(f"{path}: unknown format {fmt!r}; expected one of {(*FORMATS, PROMPTS_FORMAT)}")
-
-    valid: list[tuple[dict, Counter[str]]] = []
-    kept: list[dict] = []
-    rejects: list[dict] = []
-    by_reason: Counter[str] = Counter()
-    by_file: dict[str, Counter[str]] = {}
-    seen_ids: dict[str, str] = {}  # id -> source of the record that holds it
-    seen_content: dict[str, str] = {}  # content hash -> source
-    for path, fmt in inputs:
-        counts = by_file.setdefault(str(path), Counter(read=0, kept=0, rejected=0, over_cap=0))
-        for raw in read_records(path):
-            counts["read"] += 1
-            try:
-                if raw.error is not None:
-                    raise raw.error
-                conversation = _normalize(raw, fmt)
-                digest = content_hash(conversation["messages"], conversation["tools"])
-                if digest in seen_content:
-                    raise RecordRejected("duplicate", f"same messages and tools as {seen_content[digest]}")
-                if conversation["id"] in seen_ids:
-                    raise RecordRejected(
-                        "duplicate", f"id {conversation['id']!r} already at {seen_ids[conversation['id']]}"
-                    )
-            except RecordRejected as err:
-                counts["rejected"] += 1
-                by_reason[err.reason] += 1
-                rejects.append(
-                    {
-                        "source": raw.source,
-                        "reason": err.reason,
-                        "detail": err.detail,
-                        "record": truncate_record(raw.record),
-                    }
-                )
-                continue
-            seen_ids[conversation["id"]] = raw.source
-            seen_content[digest] = raw.source
-            valid.append((conversation, counts))
-
-    chosen = _cap_sample([c["id"] for c, _ in valid], max_conversations, seed)
-    for index, (conversation, counts) in enumerate(valid):
-        if index in chosen:
-            counts["kept"] += 1
-            kept.append(conversation)
-        else:
-            counts["over_cap"] += 1
-
+        screen.read(path, fmt)
+    kept = screen.keep_capped(max_conversations, seed)
     if not kept:
-        _refuse_empty(by_file, by_reason)
+        _refuse_empty(screen.by_file, screen.by_reason)
     splits = assign_splits([c["id"] for c in kept], eval_fraction, eval_max, seed)
     train = [c for c, s in zip(kept, splits, strict=True) if s == "train"]
     evaluation = [c for c, s in zip(kept, splits, strict=True) if s == "eval"]
-    totals = Counter()
-    for counts in by_file.values():
-        totals.update(counts)
-    stats = {
-        "read": totals["read"],
-        "kept": totals["kept"],
-        "rejected": totals["rejected"],
-        "over_cap": totals["over_cap"],
-        "by_reason": dict(sorted(by_reason.items())),
-        "by_file": {path: dict(counts) for path, counts in by_file.items()},
-        "splits": {"train": len(train), "eval": len(evaluation)},
-    }
-    assert stats["read"] == stats["kept"] + stats["rejected"] + stats["over_cap"], stats
-
+    stats = screen.stats(train, evaluation)
     _write_jsonl(out_train, train)
     _write_jsonl(out_eval, evaluation)
-    _write_jsonl(out_rejects, rejects)
+    _write_jsonl(out_rejects, screen.rejects)
     with atomic_file(out_stats) as fh:
         json.dump(stats, fh, indent=2)
         fh.write("\n")

@@ -27,9 +27,12 @@ from __future__ import annotations
 import functools
 import heapq
 import json
+import multiprocessing
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -237,6 +240,113 @@ def read_prepared(path: str | os.PathLike) -> Iterator[dict]:
             yield record
 
 
+@dataclass
+class _Tokenized:
+    """One split's records as samples, (input_ids int32, loss_mask uint8) beside their ids, or rejects."""
+
+    read: int = 0
+    samples: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    sample_ids: list[str] = field(default_factory=list)
+    rejects: list[dict] = field(default_factory=list)
+    by_reason: Counter[str] = field(default_factory=Counter)
+
+
+RECORDS_PER_TASK = 64  # records a worker builds per task: spread evenly, the pickling amortized
+# Below this size a split is built in the job's own process: each worker's start (torch's import, the
+# tokenizer: ~3 s and ~380 MB on a 2-core VM) eats the gain. At 3.9 MiB (0.87M tokens) two workers
+# gained 1.07x there, at 15.7 MiB 1.56x (bench/results/tokenize-cpu-4mib.json, tokenize-cpu.json).
+PARALLEL_MIN_BYTES = 4 << 20
+_WORKER: dict = {}  # the tokenizer and max_length of this process (a worker's, or the job's own)
+
+
+def _start_worker(tokenizer_dir: str, trust_remote_code: bool, max_length: int) -> None:
+    _WORKER.update(tokenizer=load_tokenizer(tokenizer_dir, trust_remote_code), max_length=max_length)
+
+
+def _build_record(record: dict) -> tuple[str, tuple[np.ndarray, np.ndarray] | None, dict | None]:
+    """(id, sample, None) for a record built into a sample (`build_sample`), or (id, None, its reject
+    row); runs in a worker process or in the job's own."""
+    try:
+        check_generated(record)
+        ids, mask = build_sample(
+            _WORKER["tokenizer"], record["messages"], record["tools"], max_length=_WORKER["max_length"]
+        )
+    except SampleRejected as err:
+        reject = {"source": record["source"], "id": record["id"], "reason": err.reason,
+                  "detail": err.detail, "record": truncate_record(record)}  # fmt: skip
+        return record["id"], None, reject
+    return record["id"], (np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)), None
+
+
+Builder = Callable[[Iterable[dict]], Iterator[tuple]]
+
+
+@contextmanager
+def _builder(
+    tokenizer: PreTrainedTokenizerBase,
+    tokenizer_dir: str,
+    trust_remote_code: bool,
+    max_length: int,
+    workers: int,
+) -> Iterator[Builder]:
+    """Builds records in order: in this process (with `tokenizer`), or on `workers` processes
+    (spawned: a fork of a process that loaded torch's thread pools can hang; the rule's script keeps
+    a main guard for it). The chat template renders in Python, so processes, not threads, divide the
+    time."""
+    if workers <= 1:
+        _WORKER.update(tokenizer=tokenizer, max_length=max_length)
+        yield lambda records: map(_build_record, records)
+        return
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, _start_worker, (tokenizer_dir, trust_remote_code, max_length)) as pool:
+        yield lambda records: pool.imap(_build_record, records, chunksize=RECORDS_PER_TASK)
+
+
+def _tokenize_records(conversations: str, build: Builder) -> _Tokenized:
+    """Every record of a prepared split built into a sample or rejected with its reason, in file
+    order; a split whose records are all rejected is an error."""
+    done = _Tokenized()
+    for sample_id, sample, reject in build(read_prepared(conversations)):
+        done.read += 1
+        if reject is not None:
+            done.by_reason[reject["reason"]] += 1
+            done.rejects.append(reject)
+            continue
+        done.samples.append(sample)
+        done.sample_ids.append(sample_id)
+    if done.read and not done.samples:  # empty shards would only fail later, in extraction or training
+        first, reasons = done.rejects[0], dict(sorted(done.by_reason.items()))
+        raise ValueError(
+            f"{conversations}: all {done.read} conversations rejected ({reasons}); "
+            f"first: id {first['id']!r}: {first['reason']}: {first['detail']}"
+        )
+    return done
+
+
+def _write_shards(out_shards: list[str], tokenized: _Tokenized, attrs: dict) -> list[dict]:
+    """The samples written into `len(out_shards)` token-balanced shards (`assign_shards`); returns the
+    samples, tokens and loss tokens of each shard."""
+    samples, lengths = tokenized.samples, [len(ids) for ids, _ in tokenized.samples]
+    shard_stats = []
+    for shard, (path, members) in enumerate(
+        zip(out_shards, assign_shards(lengths, len(out_shards)), strict=True)
+    ):
+        write_token_shard(
+            Path(path),
+            [samples[n] for n in members],
+            [tokenized.sample_ids[n] for n in members],
+            {**attrs, "shard": shard},
+        )
+        shard_stats.append(
+            {
+                "samples": len(members),
+                "tokens": sum(lengths[n] for n in members),
+                "loss_tokens": int(sum(samples[n][1].sum() for n in members)),
+            }
+        )
+    return shard_stats
+
+
 def tokenize_split(
     conversations: str,
     tokenizer_dir: str,
@@ -248,45 +358,19 @@ def tokenize_split(
     max_length: int,
     model_id: str,
     trust_remote_code: bool = False,
+    workers: int = 1,
 ) -> dict:
-    """Tokenize one prepared split into `len(out_shards)` token shards; returns the stats dict."""
+    """Tokenize one prepared split into `len(out_shards)` token shards on `workers` processes (the
+    outputs are the same for any number; one for a split under PARALLEL_MIN_BYTES); returns the stats."""
     if not out_shards:
         raise ValueError("out_shards is empty: at least one shard is needed")
     if max_length < 1:
         raise ValueError(f"max_length must be >= 1, got {max_length}")
     tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code)
-    samples: list[tuple[np.ndarray, np.ndarray]] = []
-    sample_ids: list[str] = []
-    rejects: list[dict] = []
-    by_reason: Counter[str] = Counter()
-    read = 0
-    for record in read_prepared(conversations):
-        read += 1
-        try:
-            check_generated(record)
-            ids, mask = build_sample(tokenizer, record["messages"], record["tools"], max_length=max_length)
-        except SampleRejected as err:
-            by_reason[err.reason] += 1
-            rejects.append(
-                {
-                    "source": record["source"],
-                    "id": record["id"],
-                    "reason": err.reason,
-                    "detail": err.detail,
-                    "record": truncate_record(record),
-                }
-            )
-            continue
-        samples.append((np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)))
-        sample_ids.append(record["id"])
-    if read and not samples:  # empty shards would only fail later, in extraction or training
-        first = rejects[0]
-        raise ValueError(
-            f"{conversations}: all {read} conversations rejected ({dict(sorted(by_reason.items()))}); "
-            f"first: id {first['id']!r}: {first['reason']}: {first['detail']}"
-        )
-
-    lengths = [len(ids) for ids, _ in samples]
+    if os.path.getsize(conversations) < PARALLEL_MIN_BYTES:
+        workers = 1
+    with _builder(tokenizer, tokenizer_dir, trust_remote_code, max_length, workers) as build:
+        tokenized = _tokenize_records(conversations, build)
     attrs = {
         "split": split,
         "num_shards": len(out_shards),
@@ -296,35 +380,21 @@ def tokenize_split(
         "max_length": max_length,
         "eyas_version": EYAS_VERSION,
     }
-    shard_stats = []
-    for shard, (path, members) in enumerate(
-        zip(out_shards, assign_shards(lengths, len(out_shards)), strict=True)
-    ):
-        write_token_shard(
-            Path(path),
-            [samples[n] for n in members],
-            [sample_ids[n] for n in members],
-            {**attrs, "shard": shard},
-        )
-        shard_stats.append(
-            {
-                "samples": len(members),
-                "tokens": sum(lengths[n] for n in members),
-                "loss_tokens": int(sum(samples[n][1].sum() for n in members)),
-            }
-        )
+    shard_stats = _write_shards(out_shards, tokenized, attrs)
+    lengths = [len(ids) for ids, _ in tokenized.samples]
     stats = {
-        "read": read,
-        "kept": len(samples),
-        "rejected": len(rejects),
-        "by_reason": dict(sorted(by_reason.items())),
+        "read": tokenized.read,
+        "kept": len(tokenized.samples),
+        "rejected": len(tokenized.rejects),
+        "by_reason": dict(sorted(tokenized.by_reason.items())),
         "tokens": sum(lengths),
         "loss_tokens": sum(s["loss_tokens"] for s in shard_stats),
         "max_sample_tokens": max(lengths, default=0),
         "shards": shard_stats,
+        "workers": workers,  # processes that built the samples (the outputs are the same for any number)
     }
     with atomic_file(out_rejects) as fh:
-        for row in rejects:
+        for row in tokenized.rejects:
             fh.write(dumps_line(row))
     with atomic_file(out_stats) as fh:
         json.dump(stats, fh, indent=2)

@@ -2,7 +2,7 @@
 
 One EAGLE-3 engine serves the target with chain drafting; every drafter (trained, untrained control,
 baselines: SGLang export dirs) at every k of the sweep is selected in turn in the running engine
-(`sglang_engine.DraftSwapEngine.select`: weights in place, the step count pinned). A plain engine with
+(`eyas.engine.sglang.DraftSwapEngine.select`: weights in place, the step count pinned). A plain engine with
 the same settings decodes the same prompts first: the greedy reference and the speed baseline.
 Each (drafter, k, set) is decoded twice: one request at a time (batch size 1), and all prompts at
 once with at most `concurrency` in flight.
@@ -193,9 +193,10 @@ def serve_drafters(
 ) -> dict:
     """The served figures: {plain: {set: speeds}, sets: {set: {drafter: {k: report}}}, swap_check}.
     `record`, if given, receives the raw outputs of the first set: {"plain": [...], "spec": {k: [...]}}
-    (the first drafter's at each k). An engine that dies raises `sglang_engine.EngineDied` naming
+    (the first drafter's at each k). An engine that dies raises `eyas.engine.sglang.EngineDied` naming
     `stage`; both engines are shut down and the temporary dirs removed before it propagates."""
-    from eyas.engine.sglang import plain_engine_args, spec_engine_args, start_engine
+    from eyas.engine.sglang import start_engine
+    from eyas.engine.sglang_args import plain_engine_args, spec_engine_args
 
     timings = {}
     start = time.perf_counter()

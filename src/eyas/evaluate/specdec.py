@@ -20,7 +20,6 @@ plain greedy decoding whatever the drafter proposes; `evaluate_specdec` checks e
 
 from __future__ import annotations
 
-import inspect
 import os
 import time
 from dataclasses import dataclass, field
@@ -30,14 +29,22 @@ import torch
 from torch import Tensor
 
 from eyas.core.acceptance import acceptance_by_position, ratio, tau
-from eyas.evaluate.sampling import draft_distribution, pick, probs, rejection_verify
-from eyas.model.capture import TapCapture
-from eyas.model.drafter import DrafterCache
+from eyas.evaluate.chain_draft import ChainDrafter, draft_sampler
+from eyas.evaluate.sampling import pick, probs, rejection_verify
+from eyas.evaluate.target_decode import (
+    capture_taps,
+    check_lengths,
+    crop_target_cache,
+    new_target_cache,
+    plain_generate,
+    target_forward,
+)
 from eyas.model.target import load_target
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from eyas.model.capture import TapCapture
     from eyas.model.drafter import Eagle3Drafter
 
 
@@ -114,121 +121,47 @@ class SpecStats:
         }
 
 
-# --------------------------------------------------------------------------- target plumbing
-def capture_taps(target: PreTrainedModel, layer_ids: list[int]) -> TapCapture:
-    """Hooks on the target's tapped layers; `take_concat()` gives the last forward's [1, T, K*H]."""
-    return TapCapture(target, layer_ids)
-
-
-_CACHE_KWARG: dict[type, str] = {}
-
-
-def _cache_kwarg(target: PreTrainedModel) -> str:
-    # Recent transformers 5.x call it `cache` (deprecating `past_key_values`); earlier 5.x know the latter.
-    kind = type(target)
-    if kind not in _CACHE_KWARG:
-        names = inspect.signature(target.forward).parameters
-        _CACHE_KWARG[kind] = "cache" if "cache" in names else "past_key_values"
-    return _CACHE_KWARG[kind]
-
-
-def _new_target_cache(target: PreTrainedModel):
-    from transformers import DynamicCache
-
-    return DynamicCache(config=target.config)
-
-
-def _crop_target_cache(cache, length: int) -> None:
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)  # a negative argument removes that many tokens in every transformers 5.x
-
-
-def _target_forward(target: PreTrainedModel, cache, ids: list[int], last_only: bool = False) -> Tensor:
-    """Run `ids` after the cached prefix; returns logits [T, V] (or [1, V] with last_only)."""
-    device = next(target.parameters()).device
-    input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T]
-    past = cache.get_seq_length()
-    position_ids = torch.arange(past, past + len(ids), device=device)[None]  # [1, T]
-    out = target(
-        input_ids=input_ids,
-        position_ids=position_ids,
-        use_cache=True,
-        logits_to_keep=1 if last_only else 0,
-        **{_cache_kwarg(target): cache},
-    )
-    return out.logits[0]
-
-
-def _check_lengths(
-    target: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int, margin: int = 0
-) -> None:
-    if not prompt_ids:
-        raise ValueError("prompt_ids is empty: speculative decoding needs at least one prompt token")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens} is negative")
-    limit = getattr(target.config, "max_position_embeddings", None)
-    if limit is not None and len(prompt_ids) + max_new_tokens + margin > limit:
-        raise ValueError(
-            f"prompt of {len(prompt_ids)} tokens + max_new_tokens={max_new_tokens} (+{margin} drafts) "
-            f"exceeds the target's max_position_embeddings={limit}"
-        )
-
-
 # --------------------------------------------------------------------------- decoding
-@torch.inference_mode()
-def plain_generate(
+def _check_spec_args(
     target: PreTrainedModel,
     prompt_ids: list[int],
     max_new_tokens: int,
-    eos_token_ids: set[int],
-    temperature: float = 0.0,
-    generator: torch.Generator | None = None,
-) -> list[int]:
-    """Plain decoding with a KV cache, one token per forward: greedy (the reference output) at
-    temperature 0, else sampling from softmax(logits / temperature).
-
-    Stops after `max_new_tokens` tokens or after the first eos token (which is kept).
-    """
-    _check_lengths(target, prompt_ids, max_new_tokens)
-    out: list[int] = []
-    if max_new_tokens == 0:
-        return out
-    cache = _new_target_cache(target)
-    logits = _target_forward(target, cache, list(prompt_ids), last_only=True)  # [1, V]
-    while True:
-        token = pick(logits[-1], temperature, generator)
-        out.append(token)
-        if token in eos_token_ids or len(out) >= max_new_tokens:
-            return out
-        logits = _target_forward(target, cache, [token])
+    num_draft_tokens: int,
+    temperature: float,
+) -> None:
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0")
+    if num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens={num_draft_tokens} must be >= 1")
+    check_lengths(target, prompt_ids, max_new_tokens, margin=num_draft_tokens)
 
 
-def _draft_chain(
-    drafter: Eagle3Drafter, logits: Tensor, hidden_out: Tensor, position: int, k: int, cache, sampler=None
-) -> tuple[list[int], list[Tensor]]:
-    """k drafts: d_1 from the extend's last `logits` [D]; each further step feeds back `hidden_out`
-    [1, 1, H] of the previous step and that step's draft id, one RoPE position further on.
+def _verify(
+    target: PreTrainedModel,
+    cache,
+    taps: TapCapture,
+    last: int,
+    drafts: list[int],
+    qs: list[Tensor],
+    sampling: dict,
+) -> tuple[int, int, Tensor]:
+    """One target forward over [s_m, d_1 .. d_k]; crops the cache back to s_0 .. s_m, d_1 .. d_a.
 
-    Greedy (argmax) without a `sampler`; with one, `sampler(logits) -> (draft index, q [V])` samples
-    each draft and the q rows are returned for verification (an empty list when greedy)."""
-    drafts, qs = [], []
-    token = None  # [1] target id of the previous draft
-    for _ in range(k):
-        if token is not None:
-            position += 1
-            step_logits, hidden_out = drafter.forward_step(
-                hidden_out, token.view(1, 1), torch.tensor([[position]], device=token.device), cache
-            )  # [1, 1, D], [1, 1, H]
-            hidden_out, logits = hidden_out[:, -1:], step_logits[0, -1]
-        if sampler is None:
-            index = logits.argmax(-1, keepdim=True)  # [1] draft id
-        else:
-            index, q = sampler(logits)
-            qs.append(q)
-        token = drafter.draft_to_target(index)  # [1] target id
-        drafts.append(int(token))
-    return drafts, qs
+    Returns (a accepted drafts, the next token: g_a, or the rejection sample's, the aux [1, a + 1, K*H]
+    of s_m, d_1 .. d_a)."""
+    committed = cache.get_seq_length()  # s_0 .. s_{m-1}
+    v_logits = target_forward(target, cache, [last, *drafts])  # [k + 1, V]
+    v_aux = taps.take_concat()  # [1, k + 1, K*H]
+    if sampling["temperature"] == 0:
+        greedy = v_logits.argmax(-1).tolist()  # g_0 .. g_k
+        a = accept_length(drafts, greedy[:-1])
+        next_token = greedy[a]
+    else:
+        p = probs(v_logits, sampling["temperature"])  # [k + 1, V]
+        q = torch.stack(qs).to(p.device) if qs else p.new_zeros(0, p.shape[-1])  # [k, V]
+        a, next_token = rejection_verify(drafts, q, p, sampling["generator"])
+    crop_target_cache(cache, committed + 1 + a)  # s_m, d_1 .. d_a stay
+    return a, next_token, v_aux[:, : a + 1]
 
 
 @torch.inference_mode()
@@ -253,81 +186,36 @@ def speculative_generate(
     max_new_tokens - generated - 1), so no draft is attempted that could never be emitted.
     See `SpecStats` for how tau counts passes.
     """
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0")
-    if num_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens={num_draft_tokens} must be >= 1")
-    _check_lengths(target, prompt_ids, max_new_tokens, margin=num_draft_tokens)
+    _check_spec_args(target, prompt_ids, max_new_tokens, num_draft_tokens, temperature)
     stats = SpecStats(num_draft_tokens=num_draft_tokens)
     start = time.perf_counter()
     out: list[int] = []
     if max_new_tokens == 0:
         return out, stats
-    drafter_device = next(drafter.parameters()).device
-    drafter_dtype = next(p for p in drafter.parameters() if p.is_floating_point()).dtype
-    target_cache = _new_target_cache(target)
-    drafter_cache = DrafterCache()
-    sampler = None
-    if temperature > 0:
-        draft_target_ids = torch.arange(len(drafter.d2t), device=drafter_device) + drafter.d2t  # [D]
-        vocab_size = target.config.vocab_size
-
-        def sampler(logits):  # [D] -> (draft index [1], q [V])
-            q = draft_distribution(logits, draft_target_ids, vocab_size, temperature)
-            d_probs = q[draft_target_ids]  # [D]
-            return torch.multinomial(d_probs, 1, generator=generator), q
-
+    sampling = {"temperature": temperature, "generator": generator}
+    sampler = draft_sampler(drafter, target.config.vocab_size, temperature, generator)
+    target_cache = new_target_cache(target)
     with capture_taps(target, aux_layer_ids) as taps:
         prompt = list(prompt_ids)
-        logits = _target_forward(target, target_cache, prompt, last_only=True)  # [1, V]
-        token = pick(logits[-1], temperature, generator)
-        out.append(token)
-        done = token in eos_token_ids or len(out) >= max_new_tokens
-        # Pending drafter extend: target aux at indices lo .. lo+T-1 with the token after each.
-        ext_aux = taps.take_concat()  # [1, n, K*H]
-        ext_ids = prompt[1:] + [token]
-        ext_lo = 0
-        last = token  # s_m: committed, not yet in the target cache
+        logits = target_forward(target, target_cache, prompt, last_only=True)  # [1, V]
+        last = pick(logits[-1], temperature, generator)  # s_m: committed, not yet in the target cache
+        out.append(last)
+        done = last in eos_token_ids or len(out) >= max_new_tokens
+        # round zero's extend: the prompt's aux [1, n, K*H], each with the token after it
+        drafting = ChainDrafter(drafter, taps.take_concat(), prompt[1:] + [last], sampler)
         while not done:
             remaining = max_new_tokens - len(out)
             k = min(num_draft_tokens, remaining - 1)
-            drafts: list[int] = []
-            qs: list[Tensor] = []  # [V] per draft at temperature > 0
-            if k > 0:
-                drafter_cache.crop(ext_lo)  # drop chained drafts: keep only target-state entries
-                hidden = drafter.combine_taps(ext_aux.to(drafter_device, drafter_dtype))  # [1, T, H]
-                ids = torch.tensor([ext_ids], device=drafter_device)  # [1, T]
-                pos = torch.arange(ext_lo, ext_lo + len(ext_ids), device=drafter_device)[None]  # [1, T]
-                d_logits, d_hidden = drafter.forward_step(hidden, ids, pos, drafter_cache)
-                drafts, qs = _draft_chain(
-                    drafter,
-                    d_logits[0, -1],
-                    d_hidden[:, -1:],
-                    ext_lo + len(ext_ids) - 1,
-                    k,
-                    drafter_cache,
-                    sampler,
-                )
-                ext_lo += len(ext_ids)
-            # else: the budget allows one token only, the pass's bonus; generation ends after it.
-            committed = target_cache.get_seq_length()  # s_0 .. s_{m-1}
-            v_logits = _target_forward(target, target_cache, [last, *drafts])  # [k + 1, V]
-            v_aux = taps.take_concat()  # [1, k + 1, K*H]
-            if temperature == 0:
-                greedy = v_logits.argmax(-1).tolist()  # g_0 .. g_k
-                a = accept_length(drafts, greedy[:-1])
-                next_token = greedy[a]
-            else:
-                p = probs(v_logits, temperature)  # [k + 1, V]
-                q = torch.stack(qs).to(p.device) if qs else p.new_zeros(0, p.shape[-1])  # [k, V]
-                a, next_token = rejection_verify(drafts, q, p, generator)
+            # k == 0: the budget allows one token only, the pass's bonus; generation ends after it.
+            drafts, qs = drafting.draft(k) if k > 0 else ([], [])  # qs: [V] per draft at temperature > 0
+            a, next_token, kept_aux = _verify(target, target_cache, taps, last, drafts, qs, sampling)
             stats.verify_passes += 1
             stats.drafted_per_pass.append(len(drafts))
             stats.accepted_per_pass.append(a)
             new_tokens, done = clip_at_stop([*drafts[:a], next_token], remaining, eos_token_ids)
             out.extend(new_tokens)
-            _crop_target_cache(target_cache, committed + 1 + a)  # s_m, d_1 .. d_a stay
-            ext_aux, ext_ids, last = v_aux[:, : a + 1], new_tokens, new_tokens[-1]
+            drafting.extend_next(kept_aux, new_tokens)
+            last = new_tokens[-1]
     stats.generated = len(out)
     stats.wall_seconds = time.perf_counter() - start
     return out, stats
@@ -340,6 +228,112 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass
+class _Decoders:
+    """Both sides of one evaluation, sharing its settings and one generator (`sampling`)."""
+
+    target: PreTrainedModel
+    drafter: Eagle3Drafter
+    num_draft_tokens: int
+    eos_token_ids: set[int]
+    aux_layer_ids: list[int]
+    sampling: dict  # temperature, generator
+
+    def spec(self, prompt: list[int], n: int) -> tuple[list[int], SpecStats]:
+        k, eos, aux = self.num_draft_tokens, self.eos_token_ids, self.aux_layer_ids
+        return speculative_generate(self.target, self.drafter, prompt, n, k, eos, aux, **self.sampling)
+
+    def plain(self, prompt: list[int], n: int) -> list[int]:
+        if self.sampling["temperature"] == 0:  # the exact reference
+            return plain_generate(self.target, prompt, n, self.eos_token_ids)
+        return plain_generate(self.target, prompt, n, self.eos_token_ids, **self.sampling)
+
+    def plain_timed(
+        self, index: int, prompt: list[int], n: int, greedy_cache: dict | None
+    ) -> tuple[list[int], float]:
+        """(plain output, seconds); at temperature 0 from `greedy_cache` if it holds prompt `index`."""
+        cache = greedy_cache if self.sampling["temperature"] == 0 else None
+        cached = cache.get(index) if cache is not None else None
+        if cached is None:
+            t0 = time.perf_counter()
+            cached = self.plain(prompt, n), time.perf_counter() - t0
+            if cache is not None:
+                cache[index] = cached
+        return cached
+
+
+class _Totals:
+    """Sums over prompts: tokens and seconds of both sides, verify-emitted tokens and verify passes
+    (tau, see `SpecStats`), and per draft position the passes that attempted, reached, accepted it."""
+
+    def __init__(self, k: int) -> None:
+        self.spec_tokens, self.spec_seconds, self.greedy_tokens, self.greedy_seconds = 0, 0.0, 0, 0.0
+        self.emitted, self.passes = 0, 0
+        self.attempted, self.reached, self.accepted = [0] * k, [0] * k, [0] * k
+
+    def add_spec(self, stats: SpecStats) -> None:
+        self.spec_tokens += stats.generated
+        self.spec_seconds += stats.wall_seconds
+        self.emitted += max(stats.generated - 1, 0) if stats.verify_passes else 0
+        self.passes += stats.verify_passes
+        self.attempted = [x + y for x, y in zip(self.attempted, stats.position_attempted, strict=True)]
+        self.reached = [x + y for x, y in zip(self.reached, stats.position_reached, strict=True)]
+        self.accepted = [x + y for x, y in zip(self.accepted, stats.position_accepted, strict=True)]
+
+    def add_plain(self, tokens: int, seconds: float) -> None:
+        self.greedy_tokens += tokens
+        self.greedy_seconds += seconds
+
+
+def _prompt_row(
+    decoders: _Decoders,
+    totals: _Totals,
+    index: int,
+    prompt: list[int],
+    max_new_tokens: int,
+    check_equal: bool,
+    greedy_cache: dict | None,
+) -> dict:
+    """One prompt's report row: its speculative stats, plain seconds and (greedy) equality; adds to
+    `totals`."""
+    spec_out, stats = decoders.spec(prompt, max_new_tokens)
+    row = {"prompt_tokens": len(prompt), **stats.to_dict()}
+    totals.add_spec(stats)
+    if check_equal:
+        greedy_out, row["greedy_seconds"] = decoders.plain_timed(index, prompt, max_new_tokens, greedy_cache)
+        totals.add_plain(len(greedy_out), row["greedy_seconds"])
+        if decoders.sampling["temperature"] == 0:
+            row["first_mismatch"] = first_mismatch(greedy_out, spec_out)
+            row["equal"] = row["first_mismatch"] is None
+    return row
+
+
+def _aggregate(totals: _Totals, per_prompt: list[dict], check_equal: bool, check_output: bool) -> dict:
+    """The report's figures over all prompts, between its settings and `per_prompt`."""
+    mismatches = [
+        {"prompt": index, "first_mismatch": row["first_mismatch"]}
+        for index, row in enumerate(per_prompt)
+        if check_output and not row["equal"]
+    ]
+    spec_tps = ratio(totals.spec_tokens, totals.spec_seconds)
+    greedy_tps = ratio(totals.greedy_tokens, totals.greedy_seconds) if check_equal else None
+    return {
+        "tau": tau(totals.emitted, totals.passes),
+        "verify_passes": totals.passes,
+        "generated_tokens": totals.spec_tokens,
+        **acceptance_by_position(totals.attempted, totals.reached, totals.accepted),
+        "spec_tokens_per_s": spec_tps,
+        "greedy_tokens_per_s": greedy_tps,  # plain decoding: sampling at temperature > 0
+        "speedup": spec_tps / greedy_tps if spec_tps and greedy_tps else None,
+        "greedy_equal": {
+            "checked": check_output,
+            "equal_prompts": sum(bool(r.get("equal")) for r in per_prompt) if check_output else None,
+            "mismatch_count": len(mismatches) if check_output else None,
+            "mismatches": mismatches,
+        },
+    }
 
 
 def evaluate_specdec(
@@ -376,75 +370,26 @@ def evaluate_specdec(
     if target is None:
         target = load_target(model_dir, dtype=dtype, device=device)
     drafter = drafter.to(device=device, dtype=dtype).eval()
-    k = num_draft_tokens
     sampling = {"temperature": temperature, "generator": torch.Generator(device=device).manual_seed(seed)}
-
-    def plain(prompt, n):
-        if temperature == 0:  # the exact reference
-            return plain_generate(target, prompt, n, eos_token_ids)
-        return plain_generate(target, prompt, n, eos_token_ids, **sampling)
-
+    decoders = _Decoders(target, drafter, num_draft_tokens, eos_token_ids, aux_layer_ids, sampling)
     if prompts:  # warm-up: first-call allocations and lazy init must not land in the timings
         warm = min(4, max_new_tokens)
-        speculative_generate(target, drafter, prompts[0], warm, k, eos_token_ids, aux_layer_ids, **sampling)
+        decoders.spec(prompts[0], warm)
         if check_equal:
-            plain(prompts[0], warm)
-    check_output = check_equal and temperature == 0
-    per_prompt = []
-    totals = {"spec_tokens": 0, "spec_seconds": 0.0, "greedy_tokens": 0, "greedy_seconds": 0.0}
-    emitted, passes = 0, 0
-    attempted, reached, accepted = [0] * k, [0] * k, [0] * k
-    mismatches = []
-    for index, prompt in enumerate(prompts):
-        spec_out, stats = speculative_generate(
-            target, drafter, prompt, max_new_tokens, k, eos_token_ids, aux_layer_ids, **sampling
-        )
-        row = {"prompt_tokens": len(prompt), **stats.to_dict()}
-        totals["spec_tokens"] += stats.generated
-        totals["spec_seconds"] += stats.wall_seconds
-        emitted += max(stats.generated - 1, 0) if stats.verify_passes else 0
-        passes += stats.verify_passes
-        attempted = [x + y for x, y in zip(attempted, stats.position_attempted, strict=True)]
-        reached = [x + y for x, y in zip(reached, stats.position_reached, strict=True)]
-        accepted = [x + y for x, y in zip(accepted, stats.position_accepted, strict=True)]
-        if check_equal:
-            cached = greedy_cache.get(index) if greedy_cache is not None and temperature == 0 else None
-            if cached is None:
-                t0 = time.perf_counter()
-                cached = plain(prompt, max_new_tokens), time.perf_counter() - t0
-                if greedy_cache is not None and temperature == 0:
-                    greedy_cache[index] = cached
-            greedy_out, row["greedy_seconds"] = cached
-            totals["greedy_tokens"] += len(greedy_out)
-            totals["greedy_seconds"] += row["greedy_seconds"]
-        if check_output:
-            row["first_mismatch"] = first_mismatch(greedy_out, spec_out)
-            row["equal"] = row["first_mismatch"] is None
-            if not row["equal"]:
-                mismatches.append({"prompt": index, "first_mismatch": row["first_mismatch"]})
-        per_prompt.append(row)
-    spec_tps = ratio(totals["spec_tokens"], totals["spec_seconds"])
-    greedy_tps = ratio(totals["greedy_tokens"], totals["greedy_seconds"]) if check_equal else None
+            decoders.plain(prompts[0], warm)
+    totals = _Totals(num_draft_tokens)
+    per_prompt = [
+        _prompt_row(decoders, totals, index, prompt, max_new_tokens, check_equal, greedy_cache)
+        for index, prompt in enumerate(prompts)
+    ]
     return {
         "num_prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
-        "num_draft_tokens": k,
+        "num_draft_tokens": num_draft_tokens,
         "aux_layer_ids": list(aux_layer_ids),
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "temperature": temperature,
-        "tau": tau(emitted, passes),
-        "verify_passes": passes,
-        "generated_tokens": totals["spec_tokens"],
-        **acceptance_by_position(attempted, reached, accepted),
-        "spec_tokens_per_s": spec_tps,
-        "greedy_tokens_per_s": greedy_tps,  # plain decoding: sampling at temperature > 0
-        "speedup": spec_tps / greedy_tps if spec_tps and greedy_tps else None,
-        "greedy_equal": {
-            "checked": check_output,
-            "equal_prompts": sum(bool(r.get("equal")) for r in per_prompt) if check_output else None,
-            "mismatch_count": len(mismatches) if check_output else None,
-            "mismatches": mismatches,
-        },
+        **_aggregate(totals, per_prompt, check_equal, check_output=check_equal and temperature == 0),
         "per_prompt": per_prompt,
     }

@@ -34,7 +34,7 @@ def run_served(
     `serve_drafters`'s."""
     import tempfile
 
-    from eyas.engine.sglang import (
+    from eyas.engine.sglang_args import (
         SERVED_OWNED_ARGS,
         base_engine_args,
         installed_version,

@@ -100,16 +100,9 @@ def served_section(served: dict) -> dict:
     return {key: served.get(key) for key in keys} | {"table": table}
 
 
-def build_summary(*, offline: dict, specdec: dict, meta: dict, served: dict | None = None) -> dict:
-    """The summary dict (pure).
-
-    offline: {drafter: evaluate_offline report}; specdec: {set: {drafter: evaluate_specdec report}},
-    with drafters `trained` and `untrained` in every set. Headline, `specdec`, `specdec_untrained` and
-    `offline` describe the trained drafter on the primary set; `sets`, `offline_by_drafter` and
-    `table` (one row per set and drafter: real tau beside simulated tau) hold everything. `served`
-    (the served evaluation's JSON, `evaluate.served`) adds the `served` section and the headline's
-    served figures; where only SGLang ran, `specdec` holds its figures at the first k.
-    """
+def _pick_sets(specdec: dict) -> dict:
+    """{set: {drafter: its SPECDEC_FIELDS}}; every set has the trained and untrained drafters, all
+    drafting the same number of tokens per pass."""
     if not specdec:
         raise ValueError("write_summary: no evaluation set")
     sets = {}
@@ -125,15 +118,20 @@ def build_summary(*, offline: dict, specdec: dict, meta: dict, served: dict | No
             raise ValueError(
                 f"write_summary: set {set_name!r} drafts per pass differ {drafts}: baselines must match"
             )
+    return sets
+
+
+def _pick_offline(offline: dict) -> dict:
+    """{drafter: its OFFLINE_FIELDS}; the trained drafter is among them."""
     offline_by = {d: _pick(r, OFFLINE_FIELDS, f"offline[{d}]") for d, r in offline.items()}
     if "trained" not in offline_by:
         raise ValueError("write_summary: offline lacks the trained drafter")
-    primary = primary_set(specdec)
-    trained, untrained = sets[primary]["trained"], sets[primary]["untrained"]
-    checks = [r["greedy_equal"] for reports in sets.values() for r in reports.values()]
-    checked = all(c.get("checked") for c in checks)
-    mismatches = sum(c.get("mismatch_count") or 0 for c in checks) if checked else None
-    table = [
+    return offline_by
+
+
+def _tau_table(sets: dict, offline_by: dict) -> list[dict]:
+    """One row per set and drafter: real tau beside simulated tau."""
+    return [
         {
             "set": set_name,
             "drafter": d,
@@ -146,24 +144,49 @@ def build_summary(*, offline: dict, specdec: dict, meta: dict, served: dict | No
         for set_name, reports in sets.items()
         for d, r in reports.items()
     ]
+
+
+def _headline(primary: str, sets: dict, offline_by: dict) -> dict:
+    """The trained drafter beside the untrained one on the primary set, greedy equality over every
+    report (None unless all were checked), and tau by set."""
+    trained, untrained = sets[primary]["trained"], sets[primary]["untrained"]
+    checks = [r["greedy_equal"] for reports in sets.values() for r in reports.values()]
+    checked = all(c.get("checked") for c in checks)
+    mismatches = sum(c.get("mismatch_count") or 0 for c in checks) if checked else None
+    return {
+        "set": primary,
+        "tau": trained["tau"],
+        "tau_untrained": untrained["tau"],
+        "simulated_tau": offline_by["trained"]["simulated_tau"],
+        "speedup": trained["speedup"],
+        "speedup_untrained": untrained["speedup"],
+        "greedy_equal": (mismatches == 0) if checked else None,
+        "greedy_mismatches": mismatches,
+        "tau_by_set": {name: {d: r["tau"] for d, r in reports.items()} for name, reports in sets.items()},
+    }
+
+
+def build_summary(*, offline: dict, specdec: dict, meta: dict, served: dict | None = None) -> dict:
+    """The summary dict (pure).
+
+    offline: {drafter: evaluate_offline report}; specdec: {set: {drafter: evaluate_specdec report}},
+    with drafters `trained` and `untrained` in every set. Headline, `specdec`, `specdec_untrained` and
+    `offline` describe the trained drafter on the primary set; `sets`, `offline_by_drafter` and
+    `table` (one row per set and drafter: real tau beside simulated tau) hold everything. `served`
+    (the served evaluation's JSON, `evaluate.served`) adds the `served` section and the headline's
+    served figures; where only SGLang ran, `specdec` holds its figures at the first k.
+    """
+    sets = _pick_sets(specdec)
+    offline_by = _pick_offline(offline)
+    primary = primary_set(specdec)
     summary = {
         "format": SUMMARY_FORMAT,
         "meta": dict(meta),
-        "headline": {
-            "set": primary,
-            "tau": trained["tau"],
-            "tau_untrained": untrained["tau"],
-            "simulated_tau": offline_by["trained"]["simulated_tau"],
-            "speedup": trained["speedup"],
-            "speedup_untrained": untrained["speedup"],
-            "greedy_equal": (mismatches == 0) if checked else None,
-            "greedy_mismatches": mismatches,
-            "tau_by_set": {name: {d: r["tau"] for d, r in reports.items()} for name, reports in sets.items()},
-        },
-        "specdec": trained,
-        "specdec_untrained": untrained,
+        "headline": _headline(primary, sets, offline_by),
+        "specdec": sets[primary]["trained"],
+        "specdec_untrained": sets[primary]["untrained"],
         "offline": offline_by["trained"],
-        "table": table,
+        "table": _tau_table(sets, offline_by),
         "sets": sets,
         "offline_by_drafter": offline_by,
     }

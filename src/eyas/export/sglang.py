@@ -28,7 +28,7 @@ def sglang_config(
     `Eagle3DeepseekV2ForCausalLM`'s config (`mla_config`)."""
     if cfg.attention == "mla":
         return mla_config(cfg, provenance, target_model_type)
-    config = {
+    return {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
@@ -49,15 +49,22 @@ def sglang_config(
         "tie_word_embeddings": False,
         "attention_bias": False,
         "mlp_bias": False,
+        **_eagle3_fields(cfg, provenance, target_model_type),
+    }
+
+
+def _eagle3_fields(cfg: DrafterConfig, provenance: dict | None, target_model_type: str) -> dict:
+    """The fields both draft configs end with: weight dtype, the EAGLE-3 taps in SGLang's convention
+    for the target's family, and eyas's provenance (ignored by SGLang, kept for traceability and for
+    reading the ids back)."""
+    return {
         "torch_dtype": "bfloat16",
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": sglang_layer_ids(target_model_type, cfg.aux_layer_ids),
             "use_aux_hidden_state": True,
         },
+        "eyas_provenance": {**(provenance or {}), "target_model_type": target_model_type},
     }
-    # ignored by SGLang, kept for traceability and for reading the ids back
-    config["eyas_provenance"] = {**(provenance or {}), "target_model_type": target_model_type}
-    return config
 
 
 def export_sglang(
@@ -94,7 +101,7 @@ def mla_config(
     model config gives the draft an MLA KV cache by its architecture) plus the EAGLE-3 fields and the
     EAGLE-3.1 flags `fc_norm` / `norm_output` the class reads. Interleaved RoPE (`rope_interleave`)
     at the drafter's theta, no scaling: what `eyas.model.mla` trains."""
-    config = {
+    return {
         "architectures": ["Eagle3DeepseekV2ForCausalLM"],
         "model_type": "deepseek_v3",
         "hidden_size": cfg.hidden_size,
@@ -121,11 +128,5 @@ def mla_config(
         "attention_bias": False,
         "fc_norm": cfg.fc_norm,
         "norm_output": cfg.norm_output,
-        "torch_dtype": "bfloat16",
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": sglang_layer_ids(target_model_type, cfg.aux_layer_ids),
-            "use_aux_hidden_state": True,
-        },
+        **_eagle3_fields(cfg, provenance, target_model_type),
     }
-    config["eyas_provenance"] = {**(provenance or {}), "target_model_type": target_model_type}
-    return config

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from eyas.core.logs import Progress
 from eyas.extract.batching import BATCH_OVERHEAD_TOKENS, CPU_BATCH_OVERHEAD_TOKENS, BatchPlan, plan_batches
 from eyas.extract.job import default_writer_threads, open_job, peak_rss_bytes, store_attrs, stored_bytes
-from eyas.extract.staging import PinnedPool, stage_batch
+from eyas.extract.staging import PinnedPool, StagedBatch, stage_batch, staging_resources
 from eyas.extract.writer import BatchWriter, empty_rows
 from eyas.model.capture import TapCapture, base_decoder
 from eyas.model.target import load_target
@@ -102,9 +102,7 @@ def run_extraction(
     with hidden_store_writer(
         out_store, shard.sample_offsets, hidden, len(layer_ids), attrs, chunk_tokens, storage
     ) as store:
-        cuda = device.type == "cuda"
-        pool = PinnedPool() if cuda else None
-        copy_stream = torch.cuda.Stream(device) if cuda else None
+        pool, copy_stream = staging_resources(device)
         writer = BatchWriter(store, pool, writer_threads)
         capture = TapCapture(model, layer_ids, final=True) if model is not None else None
         bar = tqdm(total=plan.real_tokens, unit="tok", desc=label, disable=not progress)
@@ -113,15 +111,10 @@ def run_extraction(
             if plan.empty:
                 writer.put(empty_rows(plan.empty, groups, hidden, storage))
             for indices in plan.batches:
-                input_ids, lengths = batch_input_ids(shard, indices, device)
-                with torch.inference_mode():
-                    base_decoder(model)(input_ids=input_ids, use_cache=False)
-                    taps, final = capture.take()
-                    staged = stage_batch(indices, lengths, taps, final, storage, pool, copy_stream)
-                del taps, final
+                staged, tokens = run_batch(model, capture, shard, indices, device, storage, pool, copy_stream)
                 writer.put(staged)
-                bar.update(sum(lengths))
-                lines.update(sum(lengths))
+                bar.update(tokens)
+                lines.update(tokens)
             writer.close()
         except BaseException as err:
             writer.abort()
@@ -136,6 +129,27 @@ def run_extraction(
         "writer_wait_seconds": writer.wait_seconds,
         "peak_pending_chunks": store.peak_pending_chunks,
     }
+
+
+def run_batch(
+    model: torch.nn.Module,
+    capture: TapCapture,
+    shard: TokenShard,
+    indices: list[int],
+    device: torch.device,
+    storage: str,
+    pool: PinnedPool | None,
+    copy_stream: torch.cuda.Stream | None,
+) -> tuple[StagedBatch, int]:
+    """The target over the samples `indices`: their taps and final states, captured and staged for
+    the writer (`stage_batch`); returns the staged batch and its real token count. The captured
+    device tensors are released on return, before the writer may block."""
+    input_ids, lengths = batch_input_ids(shard, indices, device)
+    with torch.inference_mode():
+        base_decoder(model)(input_ids=input_ids, use_cache=False)
+        taps, final = capture.take()
+        staged = stage_batch(indices, lengths, taps, final, storage, pool, copy_stream)
+    return staged, sum(lengths)
 
 
 # --------------------------------------------------------------------------- the stage
@@ -165,46 +179,26 @@ def extract_shard(
         torch.set_num_threads(threads)
     writer_threads = writer_threads if writer_threads is not None else default_writer_threads(threads)
     check_storage(storage)
-    torch_device = torch.device(device)
-    if torch_device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"extract: device {device!r} requested but CUDA is not available")
+    torch_device = extract_device(device)
     compute_dtype = resolve_dtype(dtype, torch_device)
     _, num_layers, hidden, layer_ids, shard = open_job(token_shard, model_dir, layer_ids)
     row_bytes = (len(layer_ids) + 1) * hidden * 2
     plan = plan_shard(np.diff(shard.sample_offsets).tolist(), token_budget, row_bytes, torch_device.type)
     attrs = store_attrs(
-        shard,
-        token_shard,
-        model_id,
-        model_dir,
-        layer_ids,
-        backend="hf",
-        compute_dtype=compute_dtype,
+        shard, token_shard, model_id, model_dir, layer_ids, backend="hf", compute_dtype=compute_dtype,
         device=torch_device,
-    )
-
+    )  # fmt: skip
     start = time.perf_counter()
     model = None
     if plan.batches:  # an empty shard needs no model
-        model = load_target(model_dir, compute_dtype, torch_device, trust_remote_code=trust_remote_code)
-        if len(base_decoder(model).layers) != num_layers:
-            raise ValueError(f"extract: {model_dir}: config says {num_layers} layers, the model disagrees")
+        model = load_checked_target(model_dir, num_layers, compute_dtype, torch_device, trust_remote_code)
     load_seconds = time.perf_counter() - start
 
     timing = run_extraction(
-        model,
-        shard,
-        plan,
-        out_store,
-        layer_ids=layer_ids,
-        hidden=hidden,
-        attrs=attrs,
-        storage=storage,
-        chunk_tokens=chunk_tokens,
-        writer_threads=writer_threads,
-        progress=progress,
+        model, shard, plan, out_store, layer_ids=layer_ids, hidden=hidden, attrs=attrs, storage=storage,
+        chunk_tokens=chunk_tokens, writer_threads=writer_threads, progress=progress,
         label=Path(token_shard).name,
-    )
+    )  # fmt: skip
     stats = extraction_stats(plan, out_store, shard.num_samples, len(layer_ids), hidden, timing["seconds"])
     return stats | {
         "load_seconds": load_seconds,
@@ -213,6 +207,24 @@ def extract_shard(
         "storage": storage,
         "writer_threads": writer_threads,
     }
+
+
+def extract_device(device: str) -> torch.device:
+    """The device `extract.device` names; a CUDA device where CUDA is not available is refused."""
+    torch_device = torch.device(device)
+    if torch_device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"extract: device {device!r} requested but CUDA is not available")
+    return torch_device
+
+
+def load_checked_target(
+    model_dir: str, num_layers: int, dtype: torch.dtype, device: torch.device, trust_remote_code: bool
+) -> torch.nn.Module:
+    """The target, loaded for extraction; refused when it has another layer count than its config."""
+    model = load_target(model_dir, dtype, device, trust_remote_code=trust_remote_code)
+    if len(base_decoder(model).layers) != num_layers:
+        raise ValueError(f"extract: {model_dir}: config says {num_layers} layers, the model disagrees")
+    return model
 
 
 def extraction_stats(

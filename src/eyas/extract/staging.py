@@ -35,6 +35,14 @@ class PinnedPool:
             self._free.append(buf)
 
 
+def staging_resources(device: torch.device) -> tuple[PinnedPool | None, torch.cuda.Stream | None]:
+    """On CUDA, the reused pinned buffers and the side stream that copies batches into them; on
+    other devices neither (states are encoded in host memory directly)."""
+    if device.type != "cuda":
+        return None, None
+    return PinnedPool(), torch.cuda.Stream(device)
+
+
 @dataclass
 class StagedBatch:
     """One batch on its way to disk, on the host (or landing there: wait for `ready`).

@@ -137,45 +137,14 @@ def import_specforge(
     config = read_config(model_dir)
     hidden = int(text_config(config)["hidden_size"])
     layer_ids = resolve_aux_layer_ids(config, layer_ids)
-    tokenizer = load_tokenizer(model_dir)
     model_id = model_id or os.fspath(model_dir)
-    token_attrs = {
-        "split": split,
-        "model_id": model_id,
-        "tokenizer_hash": tokenizer_hash(tokenizer),
-        "chat_template_hash": chat_template_hash(tokenizer),
-        "max_length": None,
-        "eyas_version": EYAS_VERSION,
-        "imported_from": f"specforge:{os.fspath(dump_dir)}",
-    }
+    token_attrs = _token_attrs(load_tokenizer(model_dir), split, model_id, dump_dir)
     files = find_dump_files(dump_dir)
     if not files:
         raise FileNotFoundError(f"{dump_dir}: no SpecForge data_*.ckpt files")
 
-    kept: list[DumpSample] = []
-    rejects: list[dict] = []
-    for index, path in files:  # pass 1: validation, ids and masks; mmap reads no state pages
-        try:
-            length, padding, ids, mask = inspect_sample(path, hidden, len(layer_ids) * hidden)
-        except Exception as err:  # any unreadable or inconsistent file is quarantined, never fatal
-            rejects.append({"source": os.fspath(path), "reason": "bad_sample", "detail": str(err)[:500]})
-            continue
-        kept.append(DumpSample(path, index, length, padding, ids, mask))
-
-    hidden_attrs = {
-        "model_id": model_id,
-        "model_hash": model_hash(model_dir),
-        "layer_ids": layer_ids,
-        "layer_id_convention": LAYER_ID_CONVENTION,
-        "final_norm": FINAL_NORM,
-        "compute_dtype": "unknown",
-        "device": "unknown",
-        "backend": "specforge-import",
-        "imported_from": token_attrs["imported_from"],
-        "tokenizer_hash": token_attrs["tokenizer_hash"],
-        "chat_template_hash": token_attrs["chat_template_hash"],
-        "eyas_version": EYAS_VERSION,
-    }
+    kept, rejects = _inspect_all(files, hidden, len(layer_ids) * hidden)  # pass 1
+    hidden_attrs = _hidden_attrs(model_id, model_dir, layer_ids, token_attrs)
     out_dir = Path(out_dir)
     shards = [kept[i : i + samples_per_shard] for i in range(0, len(kept), samples_per_shard)] or [[]]
     for shard, samples in enumerate(shards):  # pass 2
@@ -192,11 +161,66 @@ def import_specforge(
         "tokens": int(sum(s.length for s in kept)),
         "padding_rows_dropped": int(sum(s.padding for s in kept)),
     }
-    report = out_dir / "import" / split
+    _write_report(out_dir / "import" / split, rejects, stats)
+    return stats
+
+
+def _token_attrs(tokenizer, split: str, model_id: str, dump_dir: str | os.PathLike) -> dict:
+    """The provenance attrs of the token shards (an imported shard has no max_length)."""
+    return {
+        "split": split,
+        "model_id": model_id,
+        "tokenizer_hash": tokenizer_hash(tokenizer),
+        "chat_template_hash": chat_template_hash(tokenizer),
+        "max_length": None,
+        "eyas_version": EYAS_VERSION,
+        "imported_from": f"specforge:{os.fspath(dump_dir)}",
+    }
+
+
+def _inspect_all(
+    files: list[tuple[int, Path]], hidden: int, aux_width: int
+) -> tuple[list[DumpSample], list[dict]]:
+    """Pass 1 over the dump: (the samples kept, with their ids and masks; the rejects, one row per
+    file that cannot be read or disagrees). mmap reads no state pages."""
+    kept: list[DumpSample] = []
+    rejects: list[dict] = []
+    for index, path in files:
+        try:
+            length, padding, ids, mask = inspect_sample(path, hidden, aux_width)
+        except Exception as err:  # any unreadable or inconsistent file is quarantined, never fatal
+            rejects.append({"source": os.fspath(path), "reason": "bad_sample", "detail": str(err)[:500]})
+            continue
+        kept.append(DumpSample(path, index, length, padding, ids, mask))
+    return kept, rejects
+
+
+def _hidden_attrs(
+    model_id: str, model_dir: str | os.PathLike, layer_ids: list[int], token_attrs: dict
+) -> dict:
+    """The provenance attrs of the hidden stores: the target's, with compute dtype and device unknown
+    (SpecForge's dump does not record them)."""
+    return {
+        "model_id": model_id,
+        "model_hash": model_hash(model_dir),
+        "layer_ids": layer_ids,
+        "layer_id_convention": LAYER_ID_CONVENTION,
+        "final_norm": FINAL_NORM,
+        "compute_dtype": "unknown",
+        "device": "unknown",
+        "backend": "specforge-import",
+        "imported_from": token_attrs["imported_from"],
+        "tokenizer_hash": token_attrs["tokenizer_hash"],
+        "chat_template_hash": token_attrs["chat_template_hash"],
+        "eyas_version": EYAS_VERSION,
+    }
+
+
+def _write_report(report: Path, rejects: list[dict], stats: dict) -> None:
+    """`rejects.jsonl` and `stats.json` in `report` (each atomic)."""
     report.mkdir(parents=True, exist_ok=True)
     with atomic_file(report / "rejects.jsonl") as fh:
         for row in rejects:
             fh.write(json.dumps(row) + "\n")
     with atomic_file(report / "stats.json") as fh:
         json.dump(stats, fh, indent=1)
-    return stats

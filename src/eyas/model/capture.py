@@ -16,6 +16,10 @@ from eyas.core.layer_ids import validate_layer_ids
 def base_decoder(model: torch.nn.Module) -> torch.nn.Module:
     """The CausalLM's base model (embeddings, layers, final norm), so the lm_head need not run."""
     decoder = getattr(model, "model", None)
+    if decoder is not None and not hasattr(decoder, "layers") and hasattr(model, "get_decoder"):
+        # a multimodal wrapper: its language model's decoder (transformers' Kimi-K2.5:
+        # model.language_model, a DeepseekV3Model), which a text-only prompt runs alone
+        decoder = model.get_decoder()
     if decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "norm"):
         raise TypeError(
             f"{type(model).__name__} has no .model.layers / .model.norm (Llama-style layout); "

@@ -16,7 +16,9 @@ before fc and `norm_output` feeds norm(out) back instead of out (EAGLE-3.1, `kim
 
 Training-time test (`ttt_forward`) unrolls `steps` such steps over a whole sequence at once with the
 tree-of-steps mask of docs/design.md; `forward_step` + `DrafterCache` is the serving-time chain and
-reproduces it exactly.
+reproduces it exactly. This module owns the model, those two forward passes, the attention kernels
+they run (SDPA, the tree-of-steps attention) and the drafter dir's I/O; the shape is
+`eyas.model.drafter_config`'s `DrafterConfig`, the layer `eyas.model.decoder_layer`'s.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,7 +36,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from eyas.core.atomic import atomic_dir
-from eyas.model.mla import MLA_FIELDS, MLAAttention, mla_dims
+from eyas.model.decoder_layer import DecoderLayer, repeat_kv
+from eyas.model.drafter_config import DrafterConfig
 from eyas.model.norm import RMSNorm
 
 DRAFTER_FORMAT = "eyas.drafter/1"
@@ -62,155 +64,6 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     with sdpa_kernel(ATTENTION_BACKENDS):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
-@dataclass
-class DrafterConfig:
-    hidden_size: int
-    """H: width of the target's residual stream (the drafter runs at the same width)."""
-    intermediate_size: int
-    """MLP width of the drafter's single decoder layer (the target's, by default)."""
-    num_attention_heads: int
-    """Query heads."""
-    num_key_value_heads: int
-    """Key/value heads (GQA: must divide num_attention_heads)."""
-    head_dim: int
-    """Per-head width; q/k/v project the 2H attention input to heads * head_dim."""
-    rms_norm_eps: float
-    """Epsilon of every RMSNorm."""
-    rope_theta: float
-    """RoPE base frequency (the target's)."""
-    max_position_embeddings: int
-    """Longest position the drafter is configured for (copied into the SGLang config)."""
-    vocab_size: int
-    """V: the target vocab (embedding rows, t2d length)."""
-    draft_vocab_size: int
-    """D: the draft vocab (lm_head rows, d2t length)."""
-    aux_layer_ids: list[int]
-    """Target taps in the drafter convention (output of 0-based layer v == HF hidden_states[v + 1])."""
-    hidden_act: str = "silu"
-    """MLP activation; only SiLU (Llama) is implemented."""
-    rope_scaling: dict | None = None
-    """RoPE scaling dict; only None / rope_type "default" is supported."""
-    attention: str = "llama"
-    """The decoder layer's attention: `llama` (GQA, `LlamaForCausalLMEagle3`) or `mla` (DeepSeek-V2
-    multi-latent attention with the five dims below, `Eagle3DeepseekV2ForCausalLM`)."""
-    q_lora_rank: int | None = None
-    """mla: query latent width (q_a_proj 2H -> q_lora_rank)."""
-    kv_lora_rank: int | None = None
-    """mla: key/value latent width (the latent cached per token when served)."""
-    qk_nope_head_dim: int | None = None
-    """mla: per-head query/key width without position."""
-    qk_rope_head_dim: int | None = None
-    """mla: per-head query/key width with RoPE (the key part is shared by all heads)."""
-    v_head_dim: int | None = None
-    """mla: per-head value width."""
-    fc_norm: bool = False
-    """mla: an RMSNorm per aux tap before fc (EAGLE-3.1)."""
-    norm_output: bool = False
-    """mla: feed norm(out) to the next drafting step instead of out (EAGLE-3.1)."""
-
-    def __post_init__(self) -> None:
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"DrafterConfig: num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
-        if self.hidden_act != "silu":
-            raise ValueError(f"DrafterConfig: hidden_act={self.hidden_act!r} unsupported (only 'silu')")
-        if self.rope_scaling is not None:
-            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
-            if kind != "default":
-                raise ValueError(
-                    f"DrafterConfig: rope_scaling {self.rope_scaling!r} unsupported (only default)"
-                )
-        if not 0 < self.draft_vocab_size <= self.vocab_size:
-            raise ValueError(
-                f"DrafterConfig: draft_vocab_size={self.draft_vocab_size} not in "
-                f"[1, vocab_size={self.vocab_size}]"
-            )
-        if len(self.aux_layer_ids) != 3:
-            raise ValueError(
-                f"DrafterConfig: aux_layer_ids={self.aux_layer_ids} must hold 3 taps (fc is 3H -> H)"
-            )
-        self.aux_layer_ids = [int(i) for i in self.aux_layer_ids]
-        if self.attention == "mla":
-            missing = [f for f in MLA_FIELDS if not getattr(self, f)]
-            if missing or self.qk_rope_head_dim % 2:
-                raise ValueError(f"DrafterConfig: attention 'mla' needs even qk_rope_head_dim and {missing}")
-            if self.num_key_value_heads != self.num_attention_heads:
-                raise ValueError("DrafterConfig: attention 'mla' has one key/value head per query head")
-        elif self.attention == "llama":
-            if self.fc_norm or self.norm_output:
-                raise ValueError("DrafterConfig: fc_norm / norm_output are options of attention 'mla' only")
-        else:
-            raise ValueError(f"DrafterConfig: attention={self.attention!r} is not 'llama' or 'mla'")
-
-    @classmethod
-    def from_target_config(
-        cls,
-        target_config: dict,
-        draft_vocab_size: int,
-        aux_layer_ids: list[int],
-        attention: str = "llama",
-        fc_norm: bool = False,
-        norm_output: bool = False,
-    ) -> DrafterConfig:
-        """Shape the drafter like the target from its HF `config.json` dict (a multimodal wrapper's
-        `text_config`). attention `mla`: MLA dims from `eyas.model.mla.mla_dims`; `auto`: `mla` for
-        a target with MLA (`kv_lora_rank` in its config), else `llama`."""
-        c = target_config.get("text_config") or target_config
-        if attention == "auto":
-            attention = "mla" if c.get("kv_lora_rank") else "llama"
-        missing = [
-            k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if k not in c
-        ]
-        if missing:
-            raise ValueError(f"target config.json lacks field(s) {missing}")
-        # transformers 5 moves rope_theta / rope_scaling under rope_parameters.
-        rope = dict(c.get("rope_parameters") or {})
-        rope_theta = c.get("rope_theta", rope.pop("rope_theta", 10000.0))
-        rope_scaling = c.get("rope_scaling") or (rope if rope else None)
-        if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
-            rope_scaling = None
-        heads = int(c["num_attention_heads"])
-        mla = mla_dims(c) if attention == "mla" else {}
-        return cls(
-            hidden_size=int(c["hidden_size"]),
-            intermediate_size=int(c["intermediate_size"]),
-            num_attention_heads=heads,
-            num_key_value_heads=heads if mla else int(c.get("num_key_value_heads") or heads),
-            head_dim=(
-                mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
-                if mla
-                else int(c.get("head_dim") or c["hidden_size"] // heads)
-            ),
-            rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope_theta),
-            max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
-            vocab_size=int(c["vocab_size"]),
-            draft_vocab_size=int(draft_vocab_size),
-            aux_layer_ids=list(aux_layer_ids),
-            hidden_act=c.get("hidden_act", "silu"),
-            # The MLA draft runs plain RoPE at the target's theta: the draft's positions never exceed
-            # what it was trained on, and SGLang reads the draft's own config (no target yarn needed).
-            rope_scaling=None if mla else rope_scaling,
-            attention=attention,
-            fc_norm=fc_norm,
-            norm_output=norm_output,
-            **mla,
-        )
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> DrafterConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"DrafterConfig: unknown field(s) {unknown}")
-        return cls(**d)
 
 
 class DrafterCache:
@@ -240,33 +93,6 @@ class DrafterCache:
             self.key = torch.cat([self.key, key], dim=2)
             self.value = torch.cat([self.value, value], dim=2)
         return self.key, self.value
-
-
-# --------------------------------------------------------------------------- pure helpers
-def rope_cos_sin(position_ids: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """Llama RoPE tables for `position_ids` [B, T] -> cos, sin [B, 1, T, hd] (fp32)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=position_ids.device).float() / head_dim)
-    freqs = position_ids.float()[..., None] * inv_freq  # [B, T, hd/2]
-    emb = torch.cat([freqs, freqs], dim=-1)  # [B, T, hd]
-    return emb.cos()[:, None], emb.sin()[:, None]
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [B, h, T, hd] rotated by position (HF Llama's rotate_half convention)."""
-    return (x * cos + rotate_half(x) * sin).to(x.dtype)
-
-
-def repeat_kv(x: Tensor, groups: int) -> Tensor:
-    """[B, nKV, S, hd] -> [B, nKV * groups, S, hd] (GQA: each KV head serves `groups` query heads)."""
-    if groups == 1:
-        return x
-    b, h, s, d = x.shape
-    return x[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
 
 
 def tree_attention(
@@ -324,65 +150,6 @@ def _tree_chunk(
     diag = (torch.arange(steps * c, device=q.device) % c)[None, :] == rows  # [C, k*C]
     mask = torch.cat([causal, diag], dim=1)  # [C, hi + k*C] bool, True = attend
     return sdpa(q[:, :, lo:hi], keys, values, mask)
-
-
-# --------------------------------------------------------------------------- modules
-class Attention(nn.Module):
-    """Llama GQA attention whose q/k/v read the 2H concat of normed embedding and normed hidden."""
-
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.cfg = cfg
-        h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
-        self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
-        self.o_proj = nn.Linear(nh * hd, h, bias=False)
-
-    def qkv(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """x [B, T, 2H] -> post-RoPE q [B, nH, T, hd], k and v [B, nKV, T, hd]."""
-        b, t, _ = x.shape
-        c = self.cfg
-        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        cos, sin = rope_cos_sin(position_ids, c.head_dim, c.rope_theta)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-    def project_out(self, out: Tensor) -> Tensor:
-        """[B, nH, T, hd] -> [B, T, H]."""
-        b, _, t, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.self_attn = MLAAttention(cfg) if cfg.attention == "mla" else Attention(cfg)
-        self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the token embedding
-        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the incoming hidden
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def attn_input(self, embeds: Tensor, hidden: Tensor) -> Tensor:
-        """[B, T, H] x2 -> [B, T, 2H]; embedding first, like SGLang."""
-        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-
-    def finish(self, attn_out: Tensor, residual: Tensor) -> Tensor:
-        """Residual + MLP after attention: [B, T, H] -> [B, T, H] (pre-final-norm)."""
-        h2 = attn_out + residual
-        return h2 + self.mlp(self.post_attention_layernorm(h2))
 
 
 class Eagle3Drafter(nn.Module):

@@ -15,9 +15,10 @@ whose down-projections read the 2H concat [input_layernorm(embed), hidden_norm(h
 SGLang fuses q_a_proj and kv_a_proj_with_mqa into `fused_qkv_a_proj_with_mqa` at load and serves the
 absorbed form (queries multiplied into the latent, a cache of [kv_lora + dr] per token); this module
 computes the same attention in the expanded form above (per-head keys and values), which training and
-the HF evaluation loop need. Its `qkv`/`project_out` are those of the Llama `Attention`, so the TTT
-unroll and the serving chain of `Eagle3Drafter` run unchanged; keys and values have every query head
-(no GQA groups), and the value width dv may differ from the key width dn + dr.
+the HF evaluation loop need. Its `qkv`/`project_out` are those of the Llama `Attention`
+(`eyas.model.decoder_layer`), so the TTT unroll and the serving chain of `Eagle3Drafter` run unchanged;
+keys and values have every query head (no GQA groups), and the value width dv may differ from the key
+width dn + dr.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def apply_rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 class MLAAttention(nn.Module):
     """DeepSeek-V2 MLA reading the drafter's 2H attention input; parameter names as SGLang loads them.
-    cfg: the drafter's `DrafterConfig` (attention `mla`; not imported: the drafter imports this module)."""
+    cfg: the drafter's `DrafterConfig` (attention `mla`; not imported: `eyas.model.drafter_config`
+    imports this module)."""
 
     def __init__(self, cfg):
         super().__init__()

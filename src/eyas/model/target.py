@@ -42,13 +42,25 @@ def load_target(
     device: str | torch.device = "cpu",
     trust_remote_code: bool = False,
 ):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    read_config(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(
+    config = read_config(model_dir)
+    # A multimodal wrapper around a causal LM (Kimi-K2.5's KimiK25ForConditionalGeneration: a vision tower
+    # around DeepSeek-V3) is an image-text-to-text model in transformers, not a causal LM; text-only
+    # prompts run it as its language model (models/kimi_k25 in transformers 5.25). Kimi-K2.5's own
+    # config.json also maps AutoModelForCausalLM to its remote code (modeling_kimi_k25.py): that code
+    # runs only when the user trusts it.
+    native_wrapper = is_multimodal_wrapper(config) and not trust_remote_code
+    auto = AutoModelForImageTextToText if native_wrapper else AutoModelForCausalLM
+    model = auto.from_pretrained(
         str(model_dir), dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation="sdpa"
     )
     return model.to(device).eval().requires_grad_(False)
+
+
+def is_multimodal_wrapper(config: dict) -> bool:
+    """A checkpoint whose language model lies in `text_config` beside a `vision_config`."""
+    return "text_config" in config and "vision_config" in config
 
 
 # Where a multimodal wrapper keeps its language model's tensors: Kimi-K2.5 (`language_model.model.*`,

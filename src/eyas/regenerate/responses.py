@@ -328,7 +328,7 @@ def run_regenerate(
 def _generation_engines(settings, engine_settings, model_dir, trust_remote_code, splits):
     """The job's SGLang generation engines (`regenerate.engine`), named after the job's outputs."""
     from eyas.engine.generation import GenerationEngines
-    from eyas.engine.sglang import base_engine_args, generation_engine_args, user_engine_args
+    from eyas.engine.sglang_args import base_engine_args, generation_engine_args, user_engine_args
 
     base = base_engine_args(engine_settings, model_dir, "bfloat16", trust_remote_code)
     args = generation_engine_args(

@@ -74,6 +74,11 @@ class HiddenStore:
     def num_samples(self) -> int:
         return len(self.sample_offsets) - 1
 
+    def stored_rows(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Rows [lo, hi) of array `name` ("aux", "final", "scale") as stored: bf16 and fp8 values as
+        their bits (uint16, uint8), scales as float32. Safe to call from several threads at once."""
+        return self._rows[name](lo, hi)
+
     @property
     def sample_dtype(self) -> torch.dtype:
         """What `sample` returns: bf16 from a bf16 store, float32 (dequantized) from an fp8 store."""

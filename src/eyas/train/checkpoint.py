@@ -1,6 +1,7 @@
-"""Exact-resume checkpoints: the run state (`RunState`), and the `Checkpointer` that saves it with
-the weights, optimizer, scheduler and RNG states, restores it, keeps the best epoch's weights and
-writes the final drafter directory.
+"""Exact-resume checkpoints: the files of one on disk (written, verified, loaded), and the
+`Checkpointer` that saves the run state (run_state.py: `RunState` and the RNG states) with the weights,
+optimizer and scheduler, restores it, keeps the best epoch's weights and writes the final drafter
+directory.
 
 A checkpoint is a directory (model.safetensors + config.json of the drafter, train_state.pt with the
 rest). `train_state.pt` holds only tensors and plain Python values, so it loads with
@@ -22,13 +23,10 @@ import hashlib
 import json
 import logging
 import os
-import random
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -37,6 +35,7 @@ from eyas.core.atomic import atomic_dir
 from eyas.core.diskspace import check_fits, gib
 from eyas.model.drafter import Eagle3Drafter
 from eyas.train import distributed
+from eyas.train.run_state import RunState, rng_state, set_rng_state
 
 if TYPE_CHECKING:
     from eyas.train.parallel import Replicated
@@ -56,39 +55,6 @@ def fingerprint(settings: TrainSettings, inputs: dict) -> str:
     """sha256 of the settings that change the result and the identities of the inputs."""
     relevant = {k: v for k, v in dataclasses.asdict(settings).items() if k not in NOT_FINGERPRINTED}
     return hashlib.sha256(json.dumps([relevant, inputs], sort_keys=True).encode()).hexdigest()
-
-
-# --------------------------------------------------------------------------- RNG states
-def rng_state() -> dict:
-    """Every RNG a training step could draw from (torch CPU, CUDA, numpy, Python)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    version, internal, gauss_next = random.getstate()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "kind": kind,
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "gauss": float(gauss),
-        },
-        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state(
-        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
-    )
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # --------------------------------------------------------------------------- save / load
@@ -270,34 +236,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# --------------------------------------------------------------------------- run state
-@dataclass
-class RunState:
-    """Where a run stands: with the weights, optimizer, scheduler and RNG states, the checkpoint.
-
-    A run restored from it continues as if it had never stopped (same log rows, same weights)."""
-
-    seen: torch.Tensor
-    """[num_samples] int32: uses of each sample this epoch by this rank (the checkpoint holds the sum
-    over ranks; on resume rank 0 takes it and the other ranks start from zero)."""
-    step: int = 0
-    """Optimizer steps taken."""
-    epoch: int = 0
-    """The epoch in progress (0-based)."""
-    group_in_epoch: int = 0
-    """Step groups of this epoch already taken (where a resumed epoch picks up)."""
-    tokens: int = 0
-    """Loss-carrying tokens trained on, all ranks."""
-    seconds: float = 0.0
-    """Time spent in optimizer steps (throughput; not part of the result)."""
-    log_rows: list[list] = field(default_factory=list)
-    """Every row of the step log so far (`TrainLog` writes them)."""
-    epochs: list[dict] = field(default_factory=list)
-    """One record per finished epoch: coverage, padding, held-out metrics."""
-    best: dict = field(default_factory=dict)
-    """The epoch whose weights are kept ({epoch, step, simulated_tau}); empty without selection."""
-
-
+# --------------------------------------------------------------------------- the checkpointer
 class Checkpointer:
     """Owns the checkpoint directory beside `out_dir`: finding a resumable one, saving, restoring,
     keeping the best epoch's weights (`<out_dir>-best`) and writing the final drafter at `out_dir`.

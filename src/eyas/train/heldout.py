@@ -70,10 +70,7 @@ def evaluate_offline(
     _check_drafter_matches(drafter, loader.store_attrs, hidden_stores)
     drafter = drafter.to(device).eval()
     dtype = next(p for p in drafter.parameters() if p.is_floating_point()).dtype
-    _, head = load_embed_and_head(model_dir)  # [V, H] target lm_head: the teacher
-    head = head.to(device, torch.float32)
-    draft_target_ids = torch.arange(len(drafter.d2t), device=device) + drafter.d2t.to(device)  # [D]
-    t2d = drafter.t2d.to(device)  # [V] bool
+    head, draft_target_ids, t2d = _teacher_head(drafter, model_dir, device)
 
     sums = {name: [0.0] * ttt_steps for name in ("count", "correct", "cond_count", "cond_correct", "loss")}
     tokens, batches = 0, 0
@@ -85,15 +82,44 @@ def evaluate_offline(
         )  # steps x [B, T, D]
         teacher, in_vocab = teacher_from_final(batch.final, head, draft_target_ids, t2d)
         _, metrics = ttt_loss(step_logits, teacher, in_vocab, batch.loss_mask, batch.valid)
-        for k in range(ttt_steps):
-            count, cond_count = metrics["count"][k], metrics["cond_count"][k]
-            sums["count"][k] += count
-            sums["correct"][k] += metrics["acc"][k] * count
-            sums["cond_count"][k] += cond_count
-            sums["cond_correct"][k] += metrics["cond_acc"][k] * cond_count
-            sums["loss"][k] += metrics["loss"][k] * count
+        _add_batch(sums, metrics)
         tokens += batch.num_tokens
         batches += 1
+    return {
+        "ttt_steps": ttt_steps,
+        "num_samples": len(loader.samples),
+        "num_tokens": tokens,
+        "num_batches": batches,
+        **_step_metrics(sums),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _teacher_head(
+    drafter: Eagle3Drafter, model_dir: str | os.PathLike, device: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The teacher on `device`: the target's lm_head [V, H] fp32, the target id of each draft id [D],
+    and the in-draft-vocab flag of each target id [V]."""
+    _, head = load_embed_and_head(model_dir)  # [V, H] target lm_head: the teacher
+    head = head.to(device, torch.float32)
+    draft_target_ids = torch.arange(len(drafter.d2t), device=device) + drafter.d2t.to(device)  # [D]
+    t2d = drafter.t2d.to(device)  # [V] bool
+    return head, draft_target_ids, t2d
+
+
+def _add_batch(sums: dict[str, list[float]], metrics: dict) -> None:
+    """Add one batch's `ttt_loss` metrics to `sums`, re-weighted by its position counts."""
+    for k in range(len(sums["count"])):
+        count, cond_count = metrics["count"][k], metrics["cond_count"][k]
+        sums["count"][k] += count
+        sums["correct"][k] += metrics["acc"][k] * count
+        sums["cond_count"][k] += cond_count
+        sums["cond_correct"][k] += metrics["cond_acc"][k] * cond_count
+        sums["loss"][k] += metrics["loss"][k] * count
+
+
+def _step_metrics(sums: dict[str, list[float]]) -> dict:
+    """The per-step lists and simulated tau of `evaluate_offline` from the summed batch metrics."""
     count = [int(c) for c in sums["count"]]
     cond_count = [int(c) for c in sums["cond_count"]]
     # Counts are integers, correct sums are integers up to float rounding of acc * count.
@@ -101,15 +127,10 @@ def evaluate_offline(
     conditional = [ratio(round(c), n) for c, n in zip(sums["cond_correct"], cond_count, strict=True)]
     loss = [ratio(s, n) for s, n in zip(sums["loss"], count, strict=True)]
     return {
-        "ttt_steps": ttt_steps,
-        "num_samples": len(loader.samples),
-        "num_tokens": tokens,
-        "num_batches": batches,
         "count": count,
         "accuracy": accuracy,
         "cond_count": cond_count,
         "conditional_accuracy": conditional,
         "loss": loss,
         "simulated_tau": simulated_tau([a or 0.0 for a in conditional]),
-        "seconds": time.perf_counter() - start,
     }

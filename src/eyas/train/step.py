@@ -21,10 +21,11 @@ from eyas.train.parallel import Replicated, padding_batch
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from eyas.train.checkpoint import Checkpointer, RunState
+    from eyas.train.checkpoint import Checkpointer
     from eyas.train.csvlog import TrainLog
     from eyas.train.loader import Batch
     from eyas.train.preemption import StopRequest
+    from eyas.train.run_state import RunState
 
 log = logging.getLogger("eyas.train")
 
@@ -70,10 +71,28 @@ def train_step(
     `stop` (this rank was asked to stop) rides on the metrics' all-reduce: metrics["stop"] is true on
     every rank when any rank was asked.
     """
-    world: distributed.World = spread.world
-    config = spread.drafter.config
     steps = settings.ttt_steps
-    autocast = (lambda: torch.autocast(device.type, dtype=amp)) if amp is not None else nullcontext
+    prepared, counts = prepare_micro_batches(spread, teacher, micro, steps, device)
+    counts = distributed.all_reduce_sum(counts, spread.world)  # global normalisers
+    # sums: loss, tokens, then per step correct, cond_count, cond_correct
+    sums = torch.zeros(2 + 3 * steps, dtype=torch.float64)
+    for i, (batch, in_vocab, real) in enumerate(prepared):
+        spread.gradient_sync(last_backward=i == len(prepared) - 1)
+        loss, m = micro_backward(spread, teacher, batch, in_vocab, counts.tolist(), settings, amp, device)
+        if real:
+            part = [float(loss.detach()), batch.num_tokens, *m["correct"], *m["cond_count"]]
+            sums += torch.tensor([*part, *m["cond_correct"]], dtype=torch.float64)
+    spread.sum_gradients()
+    return global_metrics(sums, counts.tolist(), stop, spread.world, steps)
+
+
+def prepare_micro_batches(
+    spread: Replicated, teacher: Teacher, micro: list[Batch | None], steps: int, device: torch.device
+) -> tuple[list[tuple[Batch, torch.Tensor, bool]], torch.Tensor]:
+    """(batch on the device, its in-vocab mask, real) per micro-batch to run, and this rank's [steps]
+    counts of loss-carrying positions. An empty slot becomes an all-padding batch where the spread
+    must run one (FSDP: every rank takes part in each collective), else it is skipped."""
+    config = spread.drafter.config
     prepared = []
     counts = torch.zeros(steps, dtype=torch.int64)
     for batch in micro:
@@ -89,42 +108,63 @@ def train_step(
         in_vocab = teacher_in_vocab(batch.final, teacher.head, teacher.t2d)  # [B, T] bool
         counts += torch.tensor(step_counts(batch.loss_mask, batch.valid, in_vocab, steps))
         prepared.append((batch, in_vocab, True))
-    counts = distributed.all_reduce_sum(counts, world)  # global normalisers
-    # sums: loss, tokens, then per step correct, cond_count, cond_correct
-    sums = torch.zeros(2 + 3 * steps, dtype=torch.float64)
-    for i, (batch, in_vocab, real) in enumerate(prepared):
-        spread.gradient_sync(last_backward=i == len(prepared) - 1)
-        with autocast():
-            cached = None
-            if teacher_cache_fits(batch.final, len(teacher.draft_head), teacher.head.dtype):
-                with torch.no_grad():
-                    cached = batch.final @ teacher.draft_head.T  # [B, T, D] once, shared by every step
-            recompute = mlp_recompute_needed(
-                batch.input_ids.numel(),
-                config.intermediate_size,
-                steps,
-                2 if amp is not None else 4,
-                activation_budget(device),
-            )
-            loss, m = spread.objective(
-                batch,
-                in_vocab,
-                teacher.draft_head,
-                steps=steps,
-                step_weight=settings.step_weight,
-                counts=counts.tolist(),
-                teacher_logits=cached,
-                recompute_mlp=recompute,
-            )
-        loss.backward()
-        if real:
-            part = [float(loss.detach()), batch.num_tokens, *m["correct"], *m["cond_count"]]
-            sums += torch.tensor([*part, *m["cond_correct"]], dtype=torch.float64)
-    spread.sum_gradients()
+    return prepared, counts
+
+
+def micro_backward(
+    spread: Replicated,
+    teacher: Teacher,
+    batch: Batch,
+    in_vocab: torch.Tensor,
+    counts: list[int],
+    settings: TrainSettings,
+    amp: torch.dtype | None,
+    device: torch.device,
+) -> tuple[torch.Tensor, dict]:
+    """Forward (under autocast when `amp`) and backward of one micro-batch; returns its loss and metrics.
+    `counts`: the step's global loss-carrying positions per TTT step (the loss's normalisers)."""
+    autocast = torch.autocast(device.type, dtype=amp) if amp is not None else nullcontext()
+    with autocast:
+        cached = cached_teacher_logits(batch, teacher)
+        recompute = mlp_recompute_needed(
+            batch.input_ids.numel(),
+            spread.drafter.config.intermediate_size,
+            settings.ttt_steps,
+            2 if amp is not None else 4,
+            activation_budget(device),
+        )
+        loss, m = spread.objective(
+            batch,
+            in_vocab,
+            teacher.draft_head,
+            steps=settings.ttt_steps,
+            step_weight=settings.step_weight,
+            counts=counts,
+            teacher_logits=cached,
+            recompute_mlp=recompute,
+        )
+    loss.backward()
+    return loss, m
+
+
+def cached_teacher_logits(batch: Batch, teacher: Teacher) -> torch.Tensor | None:
+    """The teacher's draft logits [B, T, D], computed once and shared by every TTT step, when they fit
+    in memory; else None (each step recomputes them)."""
+    if not teacher_cache_fits(batch.final, len(teacher.draft_head), teacher.head.dtype):
+        return None
+    with torch.no_grad():
+        return batch.final @ teacher.draft_head.T  # [B, T, D]
+
+
+def global_metrics(
+    sums: torch.Tensor, count: list[int], stop: bool, world: distributed.World, steps: int
+) -> dict:
+    """The step's metrics over all ranks from this rank's `sums` (loss, tokens, then per TTT step
+    correct, cond_count, cond_correct) and the global `count`; the stop requests ride on the same
+    all-reduce."""
     sums = torch.cat([sums, torch.tensor([float(stop)], dtype=torch.float64)])  # + the stop requests
     sums, stops = distributed.all_reduce_sum(sums, world).split([len(sums) - 1, 1])
     correct, cond_count, cond_correct = sums[2:].view(3, steps)
-    count = counts.tolist()
     return {
         "stop": bool(stops[0] > 0),
         "loss": float(sums[0]),

@@ -9,9 +9,10 @@ import torch
 
 from eyas.model.drafter import Eagle3Drafter
 from eyas.train import distributed
-from eyas.train.checkpoint import Checkpointer, RunState
+from eyas.train.checkpoint import Checkpointer
 from eyas.train.heldout import evaluate_offline
 from eyas.train.parallel import Replicated
+from eyas.train.run_state import RunState
 
 log = logging.getLogger("eyas.train")
 

@@ -1,0 +1,162 @@
+"""Store validation speed (eyas.validate.validate_store) by storage and thread count, side by side.
+
+Writes a token shard and a bf16 and an fp8 hidden store of the same synthetic states (normal values,
+the recipe's shape by default: hidden 576, 3 taps), then times `validate_store` on each at every
+`--threads` value and checks that every manifest is the same but for its seconds. Stored GB/s is what
+the GPU recipe's one validation job per split reads (docs/gpu-kit.md budgets it).
+
+    python bench/validate.py --tokens 400000 --threads 1 2 --out bench/results/validate-cpu.json \
+        --compare-src /path/to/older/checkout/src   # also times that tree's validate_store, same inputs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eyas.core.layer_ids import LAYER_ID_CONVENTION
+from eyas.core.provenance import EYAS_VERSION, FINAL_NORM, sha256_array
+from eyas.extract.job import stored_bytes
+from eyas.store import hidden_store_writer, read_token_shard, write_token_shard
+from eyas.store.layout import bf16_to_uint16
+from eyas.store.quant import fp8_quantize
+from eyas.validate import validate_store
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+from gpubench import machine, write_json  # noqa: E402
+
+SAMPLE_TOKENS = 1024
+
+
+def write_inputs(root: Path, tokens: int, hidden: int, taps: int) -> tuple[Path, dict[str, Path]]:
+    """A token shard of `tokens` tokens and a bf16 and an fp8 store of the same states."""
+    rng = np.random.default_rng(0)
+    lengths = [SAMPLE_TOKENS] * (tokens // SAMPLE_TOKENS) + (
+        [tokens % SAMPLE_TOKENS] if tokens % SAMPLE_TOKENS else []
+    )
+    samples = [(rng.integers(0, 49152, n).astype(np.int32), np.ones(n, np.uint8)) for n in lengths]
+    shard_attrs = {"tokenizer_hash": "bench", "chat_template_hash": "bench", "split": "train", "shard": 0,
+                   "model_id": "synthetic"}  # fmt: skip
+    shard_path = root / "tokens.zarr"
+    write_token_shard(shard_path, samples, [f"s{i}" for i in range(len(samples))], shard_attrs)
+    shard = read_token_shard(shard_path)
+    attrs = {**shard_attrs, "model_hash": "0" * 64, "layer_ids": list(range(1, taps + 1)),
+             "layer_id_convention": LAYER_ID_CONVENTION, "final_norm": FINAL_NORM,
+             "tokens_checksum": sha256_array(shard.input_ids), "eyas_version": EYAS_VERSION}  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    stores = {}
+    for storage in ("bf16", "fp8_e4m3"):
+        stores[storage] = root / f"{storage}.zarr"
+        with hidden_store_writer(
+            stores[storage], shard.sample_offsets, hidden, taps, attrs, storage=storage
+        ) as w:
+            for index, n in enumerate(lengths):
+                states = torch.randn(n, taps + 1, hidden, generator=generator)  # [T, K+1, H]
+                if storage == "bf16":
+                    bits = bf16_to_uint16(states)
+                    w.write_sample(index, bits[:, :taps].reshape(n, -1), bits[:, taps])
+                else:
+                    values, scale = fp8_quantize(states)  # [T, K+1, H] e4m3, [T, K+1]
+                    bits = values.view(torch.uint8).numpy()
+                    w.write_sample(index, bits[:, :taps].reshape(n, -1), bits[:, taps], scale.numpy())
+    return shard_path, stores
+
+
+TIME_OTHER = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from eyas.validate import validate_store
+started = time.perf_counter()
+manifest = validate_store(sys.argv[2], sys.argv[3])
+seconds = time.perf_counter() - started
+manifest.pop("seconds")
+print(json.dumps({"seconds": seconds, "manifest": manifest}))
+"""
+
+
+def time_other(src: str, shard: Path, store: Path) -> tuple[float, dict]:
+    """Seconds and manifest of `validate_store` from another source tree (its own signature: no threads)."""
+    env = {**os.environ, "PYTHONPATH": src}
+    out = subprocess.run([sys.executable, "-c", TIME_OTHER, src, str(shard), str(store)],
+                         env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    result = json.loads(out.splitlines()[-1])
+    return result["seconds"], result["manifest"]
+
+
+def commit_of(path: str | Path) -> str:
+    """The git commit of the checkout holding `path`, with "+changes" when its tree differs from it."""
+    git = ["git", "-C", str(path)]
+    head = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    )
+    return (head or "unknown") + ("+changes" if dirty.stdout.strip() else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, default=400_000)
+    parser.add_argument("--hidden", type=int, default=576)
+    parser.add_argument("--taps", type=int, default=3)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--compare-src", help="another checkout's src/: its validate_store timed first")
+    parser.add_argument("--work", help="where the inputs go (default: a temporary folder, removed)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    root = Path(args.work or tempfile.mkdtemp(prefix="eyas-validate-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        shard, stores = write_inputs(root, args.tokens, args.hidden, args.taps)
+        runs, this_commit = [], commit_of(Path(__file__).parent)
+        for storage, store in stores.items():
+            manifests: list[dict] = []
+
+            def record(code: str, threads: int, seconds: float, manifest: dict) -> None:
+                manifests.append({k: v for k, v in manifest.items() if k != "seconds"})  # noqa: B023
+                gb = stored_bytes(store) / 1e9  # noqa: B023 (called within this iteration)
+                runs.append({"storage": storage, "code": code, "threads": threads,  # noqa: B023
+                             "seconds": round(seconds, 3), "stored_gb": round(gb, 3),
+                             "stored_gb_per_s": round(gb / seconds, 3)})  # fmt: skip
+                print(json.dumps(runs[-1]), flush=True)
+
+            if args.compare_src:
+                record(
+                    f"{commit_of(args.compare_src)} (--compare-src)",
+                    1,
+                    *time_other(args.compare_src, shard, store),
+                )
+            for threads in args.threads:
+                started = time.perf_counter()
+                manifest = validate_store(shard, store, threads=threads)
+                record(f"{this_commit} (this tree)", threads, time.perf_counter() - started, manifest)
+            assert all(m == manifests[0] for m in manifests), f"{storage}: the manifests differ"
+    finally:
+        if not args.work:
+            shutil.rmtree(root, ignore_errors=True)
+    for run in runs:
+        first = next(r for r in runs if r["storage"] == run["storage"])
+        run["speedup_vs_first"] = round(first["seconds"] / run["seconds"], 2)
+    write_json(Path(args.out), {
+        "what": "validate_store on synthetic normal states, same tokens in both storages; manifests equal",
+        "tokens": args.tokens, "hidden_size": args.hidden, "taps": args.taps,
+        "machine": machine(),
+        "runs": runs,
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The row sink of the SGLang capture: an extend forward's rows, by sample, into the hidden store.
+
+Runs in the engine's scheduler process (`eyas.extract.sglang_capture` feeds it) and imports no sglang.
+`forward_batch.rids`, `extend_prefix_lens_cpu` and `extend_seq_lens_cpu` say which rows of a packed
+extend batch belong to which of this job's samples and where in it (`batch_pieces`); the rows are
+encoded on the device, copied into reused pinned buffers on a side stream (`extract.staging`) and
+written by the same writer as the HF backend (`extract.writer`, `HiddenStoreWriter.write_rows`
+reassembles chunked prefill). The forward that completes the last sample finishes the store (atomic
+rename) and leaves the run's stats for the job process (`RowSink.close`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from eyas.core.atomic import atomic_file
+from eyas.extract.job import peak_rss_bytes
+from eyas.extract.staging import stage_batch, staging_resources
+from eyas.extract.writer import BatchWriter, empty_rows
+from eyas.store import hidden_store_writer, read_token_shard
+
+
+class PrefixReuseError(RuntimeError):
+    """A sample's first rows were served from a cache: they were never computed, so never captured."""
+
+
+def request_rid(prefix: str, index: int) -> str:
+    return f"{prefix}{index}"
+
+
+def batch_pieces(
+    rids: list[str] | None, prefix_lens: list[int] | None, extend_lens: list[int] | None, prefix: str
+) -> list[tuple[int, int, int, int]]:
+    """Rows of one packed extend batch -> (sample, first row in the sample, row in the batch, count)
+    for this job's requests. Requests of others (warm-up, dummy runs) keep their rows but are skipped."""
+    if rids is None or prefix_lens is None or extend_lens is None:
+        return []
+    pieces, row = [], 0
+    for rid, start, count in zip(rids, prefix_lens, extend_lens, strict=True):
+        if isinstance(rid, str) and rid.startswith(prefix) and rid[len(prefix) :].isdigit():
+            pieces.append((int(rid[len(prefix) :]), int(start), row, int(count)))
+        row += int(count)
+    return pieces
+
+
+@dataclass(frozen=True)
+class CaptureSpec:
+    """What the scheduler process needs to write the store; pickled into it by SGLang's spawn."""
+
+    store: str
+    token_shard: str
+    stats_path: str
+    attrs: dict
+    hidden: int
+    num_taps: int
+    sglang_layer_ids: list[int]
+    storage: str
+    chunk_tokens: int
+    writer_threads: int
+    rid_prefix: str
+    route: str
+
+
+class RowSink:
+    """Takes each extend forward's rows and writes them into the store; finishes it when complete."""
+
+    def __init__(self, spec: CaptureSpec, device: torch.device):
+        self.spec, self.start = spec, time.perf_counter()
+        shard = read_token_shard(spec.token_shard)
+        self.lengths = np.diff(shard.sample_offsets)
+        self.received = np.zeros(len(self.lengths), dtype=np.int64)
+        self.remaining = int(np.count_nonzero(self.lengths))
+        self.forwards = 0
+        self._stack = contextlib.ExitStack()
+        self.store = self._stack.enter_context(
+            hidden_store_writer(
+                spec.store,
+                shard.sample_offsets,
+                spec.hidden,
+                spec.num_taps,
+                spec.attrs,
+                spec.chunk_tokens,
+                spec.storage,
+            )
+        )
+        self.pool, self.copy_stream = staging_resources(device)
+        self.writer = BatchWriter(self.store, self.pool, spec.writer_threads, shard_ids=shard.input_ids)
+        empty = np.flatnonzero(self.lengths == 0).tolist()
+        if empty:
+            self.writer.put(empty_rows(empty, spec.num_taps + 1, spec.hidden, spec.storage))
+        self.closed = False
+
+    def take(self, pieces: list[tuple[int, int, int, int]], aux, final, input_ids) -> None:
+        """aux [T', K*H], final [T', H], input_ids [T'] of one forward (T' >= rows of `pieces`)."""
+        if self.closed or not pieces:
+            return
+        try:
+            self._take(pieces, aux, final, input_ids)
+        except BaseException as err:
+            self.closed = True
+            self.writer.abort()
+            self._stack.__exit__(type(err), err, err.__traceback__)  # the unfinished store is removed
+            raise
+
+    def _take(self, pieces, aux, final, input_ids) -> None:
+        for index, start, _, count in pieces:
+            if not 0 <= index < len(self.lengths):
+                raise ValueError(f"extract: request for sample {index}, the shard has {len(self.lengths)}")
+            if start != self.received[index]:
+                kind = PrefixReuseError if self.received[index] == 0 else RuntimeError
+                raise kind(
+                    f"extract: sample {index} arrived with rows from {start} on after {self.received[index]} "
+                    "captured rows: its first rows came from a prefix cache (keep disable_radix_cache on) "
+                    "or a chunk was lost"
+                )
+            self.received[index] += count
+            if self.received[index] > self.lengths[index]:
+                raise RuntimeError(
+                    f"extract: sample {index} got {self.received[index]} rows of {self.lengths[index]}"
+                )
+            self.remaining -= int(self.received[index] == self.lengths[index])
+        rows = max(row + count for _, _, row, count in pieces)
+        taps, hidden = self.spec.num_taps, self.spec.hidden
+        aux = aux[:rows].reshape(1, rows, taps, hidden)  # [1, T, K, H]
+        final = final[:rows].reshape(1, rows, hidden)  # [1, T, H]
+        staged = stage_batch(
+            [p[0] for p in pieces],
+            [p[3] for p in pieces],
+            list(aux.unbind(2)),
+            final,
+            self.spec.storage,
+            self.pool,
+            self.copy_stream,
+            token_ids=input_ids[:rows],
+        )
+        staged.pieces = pieces
+        self.writer.put(staged)
+        self.forwards += 1
+        if self.remaining == 0:
+            self.close()
+
+    def close(self) -> None:
+        """Drain the writer, finish the store (atomic rename) and leave the run's stats for the job."""
+        self.closed = True
+        try:
+            self.writer.close()
+        except BaseException as err:
+            self._stack.__exit__(type(err), err, err.__traceback__)
+            raise
+        self._stack.close()
+        seconds = time.perf_counter() - self.start
+        stats = {
+            "capture_seconds": seconds,
+            "forwards": self.forwards,
+            "writer_wait_seconds": self.writer.wait_seconds,
+            "peak_pending_chunks": self.store.peak_pending_chunks,
+            "scheduler_peak_rss_bytes": peak_rss_bytes(),
+        }
+        with atomic_file(self.spec.stats_path) as fh:
+            json.dump(stats, fh)
