@@ -4,6 +4,8 @@ VENV ?= .venv
 # The CPU build of torch is what the default job needs; set TORCH="torch==2.13.0" --index-url ... for GPUs.
 TORCH ?= torch==2.13.0
 CORES ?= 2
+# pytest-xdist workers of `make test`: a test file is a unit (tests/conftest.py); 1 runs in one process.
+TEST_WORKERS ?= 2
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +21,7 @@ run: $(VENV)/.installed
 	$(VENV)/bin/snakemake --cores $(CORES)
 
 test: $(VENV)/.installed
-	$(VENV)/bin/python -m pytest -q -ra
+	$(VENV)/bin/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests scripts bench tools
@@ -31,7 +33,7 @@ lint: $(VENV)/.installed
 .PHONY: test-sglang
 test-sglang:
 	bash tests/sglang/install_env.sh
-	.venv-sglang/bin/python -m pytest -q tests/sglang tests/faults/test_sglang_engine_death.py
+	.venv-sglang/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/sglang tests/faults/test_sglang_engine_death.py
 
 # tests/speculators/ in a third venv with the real speculators 0.9.0 and vLLM 0.33.0's config code on
 # CPU (~2.4 GB, ~5 min the first time): eyas's speculators export as speculators and vLLM read it, offline.

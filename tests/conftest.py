@@ -7,7 +7,10 @@ with 4 layers of width 64, so every stage's code path runs in seconds.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +21,27 @@ DATA = Path(__file__).parent / "data"
 TOKENIZER_DIR = DATA / "tokenizer"
 
 
+# `make test` runs on pytest-xdist workers (`-n 2 --dist loadfile`: a test file is a unit, so its
+# module-scoped fixtures are built once). Files start longest first (seconds measured on a 2-core
+# machine), so that no long file starts last and runs alone at the end; the SLURM requeue test goes last,
+# after the cluster test has had the one SLURM to itself (`slurm_lock`).
+LONGEST_FIRST = (
+    "tests/cluster/test_slurm.py",
+    "tests/faults/test_workflow_kill.py",
+    "tests/test_rerun.py",
+    "tests/test_workflow.py",
+)
+LAST = ("tests/faults/test_slurm_preempt.py",)
+
+
 def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        path = Path(item.path).relative_to(Path(__file__).parent.parent).as_posix()
+        if path in LONGEST_FIRST:
+            return LONGEST_FIRST.index(path)
+        return len(LONGEST_FIRST) + (path in LAST)
+
+    items.sort(key=rank)  # stable: collection order within a rank
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
@@ -62,6 +85,21 @@ def one_torch_thread():
 def one_torch_thread_per_module():
     """`one_torch_thread` held for a whole module, its module-scoped fixtures included."""
     yield from _one_torch_thread()
+
+
+@pytest.fixture(scope="session")
+def slurm_lock():
+    """`with slurm_lock():` holds the one SLURM cluster of tests/cluster/ across pytest-xdist workers:
+    the cluster test and the requeue test each wait for their own jobs, and must not find the other's
+    queued ahead of them."""
+
+    @contextlib.contextmanager
+    def hold():
+        with open(Path(tempfile.gettempdir()) / "eyas-slurm-tests.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    return hold
 
 
 @pytest.fixture(scope="session")

@@ -44,12 +44,15 @@ def snakemake(workdir: Path, *args: str) -> tuple[float, str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, request):
+def runs(tmp_path_factory, request, slurm_lock):
     root = tmp_path_factory.mktemp("cluster")
     local, slurm = root / "local", root / "slurm"
     seconds_local, _ = snakemake(local, "--cores", "2")
-    since = time.strftime("%Y-%m-%dT%H:%M:%S")
-    seconds_slurm, output = snakemake(slurm, "--profile", "profiles/slurm", "--profile", "tests/cluster/site")
+    with slurm_lock():
+        since = time.strftime("%Y-%m-%dT%H:%M:%S")
+        seconds_slurm, output = snakemake(
+            slurm, "--profile", "profiles/slurm", "--profile", "tests/cluster/site"
+        )
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():  # shown even under -q, in CI's log
         print(f"\ncluster test: local run {seconds_local:.0f} s, SLURM run {seconds_slurm:.0f} s")

@@ -21,9 +21,11 @@ recorded `command` then begins with the command of the run they come from.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -82,30 +84,66 @@ def ledger() -> Ledger:
     return _LEDGER
 
 
+# Under pytest-xdist (`make test` runs `-n 2`) each worker holds only the cases of the tests it ran, and
+# the controller does not load this file. So every worker writes its cases to a part file of this run
+# (xdist's run id names the folder) and rewrites the summary from all the parts written so far, under a
+# lock: the last worker to finish writes the whole run's summary.
+RUN_PARTS = SUMMARY.parent / "parts" / os.environ.get("PYTEST_XDIST_TESTRUNUID", "")
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    from eyas.core.atomic import atomic_file
+
+    with atomic_file(path) as fh:
+        json.dump(payload, fh, indent=1)
+        fh.write("\n")
+
+
+def _cases_of_all_workers(worker: str) -> list[dict]:
+    """This worker's part written, the cases of every part of this run so far (the caller holds the lock)."""
+    _write_json(RUN_PARTS / f"{worker}.json", {"cases": _LEDGER.cases})
+    parts = sorted(RUN_PARTS.glob("*.json"))
+    cases = [case for part in parts for case in json.loads(part.read_text())["cases"]]
+    if len(parts) == int(os.environ["PYTEST_XDIST_WORKER_COUNT"]):  # the last worker: parts done with
+        shutil.rmtree(RUN_PARTS)
+    return cases
+
+
 def pytest_sessionfinish(session, exitstatus):
-    if not _LEDGER.cases:
+    # a worker's sys.argv is its own bootstrap; xdist hands it the command line that started the run
+    argv = getattr(session.config, "workerinput", {}).get("mainargv", sys.argv)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        _write_summary(_LEDGER.cases, argv)
         return
-    command = " ".join(["pytest", *sys.argv[1:]])
+    RUN_PARTS.mkdir(parents=True, exist_ok=True)
+    with open(RUN_PARTS.parent / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _write_summary(_cases_of_all_workers(worker), argv)
+
+
+def _write_summary(cases: list[dict], argv: list[str]) -> None:
+    if not cases:
+        return
+    ledger = Ledger()
+    ledger.cases = list(cases)
+    command = " ".join(["pytest", *argv[1:]])
     if MERGE:  # a session in another venv (.venv-sglang) adds its cases to the main session's summary
         previous = json.loads(Path(MERGE).read_text())
-        names = {c["name"] for c in _LEDGER.cases}
-        _LEDGER.cases[:0] = [c for c in previous["cases"] if c["name"] not in names]
+        names = {c["name"] for c in ledger.cases}
+        ledger.cases[:0] = [c for c in previous["cases"] if c["name"] not in names]
         venv = Path(sys.executable).parent.parent.name
         command = f"{previous['command']} && EYAS_FAULTS_MERGE={MERGE} {venv}/bin/python -m {command}"
     summary = {
-        **_LEDGER.counts(),
-        "cases": _LEDGER.cases,
+        **ledger.counts(),
+        "cases": ledger.cases,
         "command": command,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "euid_root": hasattr(os, "geteuid") and os.geteuid() == 0,
     }
-    from eyas.core.atomic import atomic_file
-
-    with atomic_file(SUMMARY) as fh:
-        json.dump(summary, fh, indent=1)
-        fh.write("\n")
+    _write_json(SUMMARY, summary)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -36,6 +36,12 @@ REPO = Path(__file__).parents[2]
 DEADLINE_S = 300
 
 
+@pytest.fixture(autouse=True)
+def _slurm_to_itself(slurm_lock):  # pytest-xdist may run the cluster test beside this file
+    with slurm_lock():
+        yield
+
+
 def _scontrol_job(job_id: str) -> dict[str, str]:
     out = subprocess.run(
         ["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, check=True
