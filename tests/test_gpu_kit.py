@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -20,10 +22,8 @@ sys.path.insert(0, str(GPU))
 import campaign  # noqa: E402
 
 
-def _bash(script: str, *args, cwd=ROOT, env=None) -> subprocess.CompletedProcess:
-    import os
-
-    command = ["bash", str(GPU / script), *map(str, args)]
+def _bash(script: str, *args, cwd=ROOT, env=None, job_control=False) -> subprocess.CompletedProcess:
+    command = ["bash", *(["-m"] if job_control else []), str(GPU / script), *map(str, args)]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=os.environ | (env or {}))
 
 
@@ -185,3 +185,25 @@ def test_run_script_dry_curve_plans_the_sweep_and_its_plot(tmp_path):
     wait = _bash("run_recipe.sh", "--dry", "wait-curve", tmp_path / "run", "300")
     assert wait.returncode == 0 and "wait up to 300 s" in wait.stdout
     assert _bash("run_recipe.sh", "--dry", "wait-curve", tmp_path / "run").returncode == 2
+
+
+def test_prepare_waits_for_snakemake_itself_and_records_its_pid(tmp_path):
+    """`prepare` (and `wait`) follow the pid in RUN/NAME.pid: it must be Snakemake's own, not that of the
+    setsid wrapper, which ends at once where setsid forks: it does under job control (`bash -m`, as the
+    device's runner has it), where a background job leads its own process group. A stand-in `python3`
+    plays Snakemake."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text('#!/usr/bin/env bash\necho "stand-in snakemake pid $$"\nsleep 3\necho finished\n')
+    fake.chmod(0o755)
+    (tmp_path / "code" / "src").mkdir(parents=True)  # a code copy exists: prepare copies nothing
+    run = tmp_path / "run"
+    env = {"EYAS_CODE": str(tmp_path / "code"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    start = time.monotonic()
+    result = _bash("run_recipe.sh", "prepare", run, env=env, job_control=True)
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - start >= 3, "prepare returned before the run ended"
+    assert "finished" in result.stdout, result.stdout
+    pid = (run / "prepare.pid").read_text().strip()
+    assert f"stand-in snakemake pid {pid}" in (run / "prepare.out").read_text()

@@ -83,7 +83,12 @@ snakemake_bg() {  # RUN LOGNAME ARGS...: Snakemake in its own session, pid in RU
   local run=$1 name=$2; shift 2
   say mkdir -p "$run"
   if ((DRY)); then echo "would: (cd $run && setsid python3 -m snakemake $* > $run/$name.out)"; return 0; fi
-  (cd "$run" && setsid nohup python3 -m snakemake "$@" > "$run/$name.out" 2>&1 < /dev/null & echo $! > "$run/$name.pid")
+  # Snakemake writes its own pid (the shell execs it): `$!` would be setsid's, and setsid forks when it
+  # leads a process group, so that pid ends at once and `wait` saw the run as over (2026-12-05 campaign)
+  rm -f "$run/$name.pid"
+  (cd "$run" && setsid nohup sh -c 'echo $$ > "$0"; exec python3 -m snakemake "$@"' "$run/$name.pid" "$@" \
+    > "$run/$name.out" 2>&1 < /dev/null &)
+  while [[ ! -s $run/$name.pid ]]; do sleep 0.1; done
 }
 
 engine_config() {  # best.json of bench/gpu/generation.py -> a --config value for regenerate.engine
