@@ -22,14 +22,14 @@ TOKENIZER_DIR = DATA / "tokenizer"
 
 
 # `make test` runs on pytest-xdist workers (`-n 2 --dist loadfile`: a test file is a unit, so its
-# module-scoped fixtures are built once). Files start longest first (seconds measured on a 2-core
-# machine), so that no long file starts last and runs alone at the end; the SLURM requeue test goes last,
-# after the cluster test has had the one SLURM to itself (`slurm_lock`).
-LONGEST_FIRST = (
-    "tests/cluster/test_slurm.py",
-    "tests/faults/test_workflow_kill.py",
-    "tests/test_rerun.py",
-    "tests/test_workflow.py",
+# module-scoped fixtures are built once). Files start longest first, so that no long file starts last and
+# runs alone at the end; the SLURM requeue test goes last, after the cluster test has had the one SLURM
+# to itself (`slurm_lock`).
+LONGEST_FIRST = (  # seconds on a 2-core machine, two workers (pytest --durations)
+    "tests/cluster/test_slurm.py",  # ~500
+    "tests/faults/test_workflow_kill.py",  # ~150
+    "tests/test_rerun.py",  # ~140
+    "tests/test_workflow.py",  # ~340
 )
 LAST = ("tests/faults/test_slurm_preempt.py",)
 

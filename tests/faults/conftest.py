@@ -4,7 +4,8 @@ A case counts as *tried* (bad input) or *injected* (fault) when its `with ledger
 entered and as *handled* / *survived* only when the block exits without an error, i.e. after the test's
 own assertions about it passed. A *kind* of bad input is one distinct `expect` (expected outcome). At the
 end of the session the counts go to `results/faults/summary.json`
-(or `$EYAS_FAULTS_SUMMARY`), atomically, and the path is printed in pytest's terminal summary. The
+(or `$EYAS_FAULTS_SUMMARY`), atomically; in a one-process run the path is printed in pytest's terminal
+summary (under pytest-xdist the workers' summaries are not shown). The
 committed run (docs/faults-summary.json) is made by
 
     .venv/bin/python -m pytest -q tests/faults
