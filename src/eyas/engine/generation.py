@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 
-from eyas.engine.sglang import EngineDied, death_message, start_engine
+from eyas.engine.sglang import SOME_PROCESS, EngineDied, dead_processes, death_message, start_engine
 
 log = logging.getLogger("eyas.generation")
 
@@ -31,20 +31,6 @@ log = logging.getLogger("eyas.generation")
 def deal(prompts: list, count: int) -> list[list[int]]:
     """Indices of `prompts` per engine: prompt i to engine i mod count (equal counts, mixed lengths)."""
     return [list(range(e, len(prompts), count)) for e in range(count)]
-
-
-def dead_processes(engine) -> list[str]:
-    """'scheduler_0 (pid 123, exit code -9)' for each process of `engine` that exited with an error,
-    from SGLang's `SubprocessWatchdog` (`_processes`, `_names`: `srt/utils/watchdog.py` of 0.5.17 and
-    0.5.23); [] while all live (or when the engine keeps no watchdog)."""
-    watchdog = getattr(getattr(engine, "tokenizer_manager", None), "_subprocess_watchdog", None)
-    procs = list(getattr(watchdog, "_processes", None) or [])
-    names = list(getattr(watchdog, "_names", None) or [f"process_{i}" for i in range(len(procs))])
-    return [
-        f"{name} (pid {proc.pid}, exit code {proc.exitcode})"
-        for proc, name in zip(procs, names, strict=False)
-        if not proc.is_alive() and proc.exitcode not in (0, None)
-    ]
 
 
 class GenerationEngines:
@@ -106,7 +92,7 @@ class GenerationEngines:
         except BaseException as err:
             dead = [p for engine in self.engines for p in dead_processes(engine)]
             if dead or any(getattr(e, "died", None) for e in self.engines):
-                what = ", ".join(dead) or "an engine process (its error is logged above)"
+                what = ", ".join(dead) or SOME_PROCESS
                 died = death_message(self.stage, f"{what} exited while the engine was in use")
                 for engine in self.engines:
                     engine.died = engine.died or died

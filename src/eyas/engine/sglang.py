@@ -38,18 +38,22 @@ class EngineDied(RuntimeError):
     """An SGLang engine process (a scheduler, the detokenizer) died while a stage was using the engine."""
 
 
-def _dead_processes(watchdog) -> str:
-    """'scheduler_0 (pid 123, exit code -9)' for each engine process that exited with an error, read
-    from SGLang's `SubprocessWatchdog` (its `_processes` and `_names`: `srt/utils/watchdog.py` of
-    0.5.17 and 0.5.23), which watches every scheduler and detokenizer process of the engine."""
+def dead_processes(engine) -> list[str]:
+    """'scheduler_0 (pid 123, exit code -9)' for each process of `engine` (an SGLang engine, or its
+    `SubprocessWatchdog` itself) that exited with an error, read from the watchdog (its `_processes` and
+    `_names`: `srt/utils/watchdog.py` of 0.5.17 and 0.5.23), which watches every scheduler and
+    detokenizer process; [] while all live (or where the engine keeps no watchdog)."""
+    watchdog = getattr(getattr(engine, "tokenizer_manager", None), "_subprocess_watchdog", engine)
     procs = list(getattr(watchdog, "_processes", None) or [])
     names = list(getattr(watchdog, "_names", None) or [f"process_{i}" for i in range(len(procs))])
-    dead = [
+    return [
         f"{name} (pid {proc.pid}, exit code {proc.exitcode})"
         for proc, name in zip(procs, names, strict=False)
-        if not proc.is_alive() and proc.exitcode != 0
+        if not proc.is_alive() and proc.exitcode not in (0, None)
     ]
-    return ", ".join(dead) or "an engine process (its error is logged above)"
+
+
+SOME_PROCESS = "an engine process (its error is logged above)"  # where the watchdog names none
 
 
 def death_message(stage: str, what: str) -> str:
@@ -84,7 +88,7 @@ def _death_handler_class():
         def running_phase_sigquit_handler(self, signum=None, frame=None):
             manager = self.tokenizer_manager
             watchdog = manager._subprocess_watchdog
-            dead = _dead_processes(watchdog)
+            dead = ", ".join(dead_processes(watchdog)) or SOME_PROCESS
             what = f"{dead} exited while the engine was in use (SGLang's watchdog noticed)"
             self.engine.died = death_message(self.engine.stage, what)
             log.error(self.engine.died)
