@@ -79,16 +79,20 @@ copy_code() {
   say cp -r Snakefile config rules scripts src profiles envs report bench tools "$CODE/"
 }
 
+in_background() {  # PIDFILE OUT CMD...: CMD in its own session (setsid: it outlives the call), its pid in PIDFILE
+  local pidfile=$1 out=$2; shift 2
+  # CMD writes its own pid (the shell execs it): `$!` would be setsid's, and setsid forks when it leads a
+  # process group, so that pid ends at once and `wait` saw the run as over (2026-12-05 campaign)
+  rm -f "$pidfile"
+  setsid nohup sh -c 'echo $$ > "$0"; exec "$@"' "$pidfile" "$@" > "$out" 2>&1 < /dev/null &
+  while [[ ! -s $pidfile ]]; do sleep 0.1; done
+}
+
 snakemake_bg() {  # RUN LOGNAME ARGS...: Snakemake in its own session, pid in RUN/LOGNAME.pid
   local run=$1 name=$2; shift 2
   say mkdir -p "$run"
   if ((DRY)); then echo "would: (cd $run && setsid python3 -m snakemake $* > $run/$name.out)"; return 0; fi
-  # Snakemake writes its own pid (the shell execs it): `$!` would be setsid's, and setsid forks when it
-  # leads a process group, so that pid ends at once and `wait` saw the run as over (2026-12-05 campaign)
-  rm -f "$run/$name.pid"
-  (cd "$run" && setsid nohup sh -c 'echo $$ > "$0"; exec python3 -m snakemake "$@"' "$run/$name.pid" "$@" \
-    > "$run/$name.out" 2>&1 < /dev/null &)
-  while [[ ! -s $run/$name.pid ]]; do sleep 0.1; done
+  (cd "$run" && in_background "$run/$name.pid" "$run/$name.out" python3 -m snakemake "$@")
 }
 
 engine_config() {  # best.json of bench/gpu/generation.py -> a --config value for regenerate.engine
@@ -164,7 +168,7 @@ case $step in
     cmd=(python3 "$CODE/bench/studies/recipe_sweep.py" --plan "$run/curve/plan.json" --model "$run/results/assets/model"
       --out "$run/curve/recipe-curve.json" --workdir "$run/curve/work")
     if ((DRY)); then echo "would: setsid ${cmd[*]} > $run/curve.out"; else
-      (setsid nohup "${cmd[@]}" > "$run/curve.out" 2>&1 < /dev/null & echo $! > "$run/curve.pid")
+      in_background "$run/curve.pid" "$run/curve.out" "${cmd[@]}"
       sleep 5; tail -3 "$run/curve.out"
     fi
     ;;
