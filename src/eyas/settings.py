@@ -266,7 +266,7 @@ class RegenerateEngineSettings:
     engines: int = bounded(1, ge=1, le=16)
     """`sglang`: engines started on the job's GPUs, the prompts of every round dealt among them (one
     scheduler process each: at 135M one scheduler, not the GPU, sets the rate; the GPU was 14-25% busy).
-    Each takes `mem_fraction_static` of the GPU memory still free when it starts (sglang 0.5.17)."""
+    Together they take `sglang.mem_fraction_static` of the GPU's memory, in equal shares."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """`sglang`: further SGLang `ServerArgs` for generation only (e.g. `enable_mixed_chunk`,
     `max_prefill_tokens`, `schedule_policy`), over `sglang.engine_args`; keys eyas sets itself

@@ -15,7 +15,7 @@ from modelkit import tiny_llama_config_json
 from sglang.srt.server_args import ServerArgs
 
 from eyas.config import RegenerateEngineSettings, SglangSettings
-from eyas.engine.generation import deal
+from eyas.engine.generation import GenerationEngines, deal, memory_shares
 from eyas.engine.sglang_args import base_engine_args, generation_engine_args
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "faults"))
@@ -54,6 +54,24 @@ def test_generation_engine_args_refuse_keys_eyas_sets(key):
 def test_prompts_are_dealt_evenly_in_order():
     assert deal(list("abcdefg"), 3) == [[0, 3, 6], [1, 4], [2, 5]]
     assert deal(["a"], 4) == [[0], [], [], []]
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_engines_started_in_turn_take_equal_shares_of_the_memory(count):
+    # each engine takes its mem_fraction_static of the memory free when it starts (sglang 0.5.17)
+    started = []
+
+    def start(args, **_):
+        started.append(args["mem_fraction_static"])
+        return type("Engine", (), {"loop": None, "shutdown": lambda self: None})()
+
+    GenerationEngines({"mem_fraction_static": 0.5}, count=count, stage="test", start=start)
+    assert started == memory_shares(0.5, count)
+    free, taken = 1.0, []
+    for share in started:
+        taken.append(share * free)
+        free -= taken[-1]
+    assert taken == pytest.approx([0.5 / count] * count) and free == pytest.approx(0.5)
 
 
 def _job(inputs: Path, root: Path, engines: int) -> dict:

@@ -5,10 +5,10 @@ prompts too), so a job pays for one start-up, not one per split or stage.
 Why several: at a small target one engine's scheduler process, not the GPU, sets the rate (SmolLM2 on an
 H200: the GPU was 14-25% busy while one engine regenerated), and SGLang's `dp_size` places each replica
 on a GPU of its own (`gpu_id_step` >= 1, sglang 0.5.17 `server_args.py`). `GenerationEngines` starts
-`count` engines one after the other (each sizes its memory from what is still free when it starts:
-`kv_cache_configurator._profile_available_bytes` of 0.5.17), all on the first engine's event loop, and
-deals each call's prompts among them, prompt i to engine i mod count: their `async_generate` calls run
-together on that loop in the job's main thread (the engines' schedulers are processes of their own).
+`count` engines one after the other, each with an equal share of the memory (`memory_shares`), all on
+the first engine's event loop, and deals each call's prompts among them, prompt i to engine i mod
+count: their `async_generate` calls run together on that loop in the job's main thread (the engines'
+schedulers are processes of their own).
 One engine is called exactly as before.
 
 An engine process that dies while several engines work: SGLang's watchdog sends the job SIGQUIT, whose
@@ -28,6 +28,16 @@ from eyas.engine.sglang import SOME_PROCESS, EngineDied, dead_processes, death_m
 log = logging.getLogger("eyas.generation")
 
 
+def memory_shares(fraction: float, count: int) -> list[float]:
+    """Each engine's `mem_fraction_static` so that `count` engines started one after another share
+    `fraction` of the GPU memory equally. SGLang 0.5.17 sizes an engine's static memory as its
+    `mem_fraction_static` of the memory free when *that* engine starts
+    (`kv_cache_configurator._profile_available_bytes`), so one fraction for all would give the first
+    engine half, the next a quarter, ... at 0.5; engine i starts with 1 - i * fraction / count free."""
+    share = fraction / count
+    return [share / (1 - index * share) for index in range(count)]
+
+
 def deal(prompts: list, count: int) -> list[list[int]]:
     """Indices of `prompts` per engine: prompt i to engine i mod count (equal counts, mixed lengths)."""
     return [list(range(e, len(prompts), count)) for e in range(count)]
@@ -41,11 +51,13 @@ class GenerationEngines:
         if count < 1:
             raise ValueError(f"regenerate.engine.engines: {count} must be >= 1")
         self.stage, self.engines = stage, []
+        shares = memory_shares(args["mem_fraction_static"], count)
         try:
-            for index in range(count):
+            for index, share in enumerate(shares):
                 began = time.perf_counter()
                 loop = self.engines[0].loop if self.engines else None
-                self.engines.append(start(args, speculative=False, stage=stage, loop=loop))
+                engine_args = args | {"mem_fraction_static": share}
+                self.engines.append(start(engine_args, speculative=False, stage=stage, loop=loop))
                 log.info("%s: engine %d / %d started in %.1f s", stage, index + 1, count,
                          time.perf_counter() - began)  # fmt: skip
         except BaseException:
