@@ -19,7 +19,7 @@ from eyas.model.drafter import Eagle3Drafter
 from eyas.store import ProvenanceError
 from eyas.train import drafter_setup
 from eyas.train.csvlog import TrainLog
-from eyas.train.loader import PairedLoader, conversation_kept
+from eyas.train.loader import SORT_WINDOW, PairedLoader, conversation_kept, plan_batches, sort_window
 from eyas.train.trainer import lr_factor, train
 
 torch.set_num_threads(1)
@@ -40,6 +40,20 @@ def test_loader_plan_is_deterministic_and_within_budget(data):
         assert torch.equal(a.aux, b.aux) and torch.equal(a.input_ids, b.input_ids)
         assert a.aux.shape[-1] == 3 * 64 and bool((a.input_ids[~a.valid] == 0).all())
         assert not a.aux[~a.valid].any() and not a.final[~a.valid].any()  # padding is zeros
+
+
+def test_large_budgets_fill_their_batches_with_little_padding():
+    # chat-like lengths (mean ~330, a long tail): a 64-sample window holds ~21k tokens, so at a 32k budget
+    # every window was one or two batches padded to its longest (45% real, bench/loader_padding.py)
+    lengths = np.random.default_rng(0).lognormal(5.5, 0.8, 20_000).clip(3, 2048).astype(np.int64)
+    plan = plan_batches(lengths, 32768, seed=0, epoch=0)
+    assert sorted(np.concatenate(plan).tolist()) == list(range(len(lengths)))
+    real = sum(int(lengths[rows].sum()) for rows in plan)
+    padded = sum(len(rows) * int(lengths[rows].max()) for rows in plan)
+    assert all(len(rows) == 1 or len(rows) * lengths[rows].max() <= 32768 for rows in plan)
+    assert real / padded > 0.85 and real / len(plan) > 0.75 * 32768
+    # small budgets keep the 64-sample windows (the CPU default's 512-token batches)
+    assert sort_window(lengths, 512) == SORT_WINDOW and sort_window(lengths, 32768) > 1000
 
 
 def test_loader_pads_rows_to_a_multiple_with_zeros(data):

@@ -27,7 +27,12 @@ from eyas.data.formats import conversation_id
 from eyas.store import HiddenStore, ProvenanceError, check_provenance, read_token_shard
 
 TOKEN_FIELDS = ("model_id", "tokenizer_hash", "chat_template_hash")  # provenance a token shard carries
-SORT_WINDOW = 64  # samples sorted by length together: less padding, order still random across windows
+SORT_WINDOW = 64  # at least this many samples sorted by length together (less padding) ...
+WINDOW_BATCHES = 16  # ... and at least this many full batches' worth: a 64-sample window holds ~25k
+# tokens of chat samples, so at 32k-token budgets every batch was a window padded to its longest (45% of
+# the padded tokens real, measured: bench/loader_padding.py). Windows of several batches are the
+# length-grouped sampling of transformers' LengthGroupedSampler (megabatches of 50 batches,
+# `trainer_pt_utils.get_length_grouped_indices`); order stays random across windows and batches.
 MIN_LENGTH = 3  # a sample needs t + 2 < T for one loss position
 
 
@@ -195,15 +200,23 @@ class PairedLoader:
         return stores[pair]
 
 
+def sort_window(lengths: np.ndarray, token_budget: int) -> int:
+    """Samples sorted by length together: SORT_WINDOW, or WINDOW_BATCHES budgets of samples of the
+    mean length if that is more."""
+    mean = float(np.mean(lengths)) if len(lengths) else 1.0
+    return max(SORT_WINDOW, int(np.ceil(WINDOW_BATCHES * token_budget / max(mean, 1.0))))
+
+
 def plan_batches(lengths: np.ndarray, token_budget: int, seed: int, epoch: int) -> list[np.ndarray]:
     """Batches of indices into `lengths` for `epoch`: a random order, sorted by length within windows
-    of SORT_WINDOW (less padding), rows added while rows x longest <= token_budget (a longer sample
+    (`sort_window`: less padding), rows added while rows x longest <= token_budget (a longer sample
     gets a batch of its own), then the batches shuffled. Deterministic in (seed, epoch)."""
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(lengths))
+    size = sort_window(lengths, token_budget)
     batches: list[np.ndarray] = []
-    for lo in range(0, len(order), SORT_WINDOW):
-        window = order[lo : lo + SORT_WINDOW]
+    for lo in range(0, len(order), size):
+        window = order[lo : lo + size]
         window = window[np.argsort(lengths[window], kind="stable")]
         batch: list[int] = []
         longest = 0
