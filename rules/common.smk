@@ -30,7 +30,7 @@ STAGE_VERSION = {
     "tokenize": 1,
     "vocab": 2,
     "extract": 4,
-    "train": 4,
+    "train": 5,
     "evaluate": 3,
     "export": 2,
     "validate": 1,

@@ -181,6 +181,22 @@ def test_changed_settings_do_not_resume(data, tmp_path, monkeypatch):
     assert stats["resumed_from_step"] == 0
 
 
+def test_a_checkpoint_of_another_batch_plan_does_not_resume(data, tmp_path, monkeypatch):
+    # its step counts batches of the plan it was made with: another plan would skip other samples
+    from eyas.train import drafter_setup, loader
+
+    def crash(self, row: list) -> None:
+        if row[0] == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(TrainLog, "append", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run(data, tmp_path, settings(max_steps=4))
+    monkeypatch.undo()
+    monkeypatch.setattr(drafter_setup, "BATCH_PLAN", loader.BATCH_PLAN + 1)
+    assert run(data, tmp_path, settings(max_steps=4))["resumed_from_step"] == 0
+
+
 def test_vocab_tokenizer_mismatch_refused(data, tmp_path):
     from eyas.data.vocab import load_draft_vocab
 

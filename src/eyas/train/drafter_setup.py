@@ -18,7 +18,7 @@ from eyas.model.target import load_embed_and_head, load_target_tensor, read_conf
 from eyas.store import STORE_IDENTITY, ProvenanceError, check_provenance
 from eyas.train import distributed
 from eyas.train.checkpoint import fingerprint
-from eyas.train.loader import PairedLoader
+from eyas.train.loader import BATCH_PLAN, PairedLoader
 from eyas.train.step import Teacher
 
 
@@ -113,5 +113,6 @@ def provenance(
         }
     )
     stores = [a.get("tokens_checksum") for a in loader.store_attrs]
-    fp = fingerprint(settings, {"stores": stores, "vocab": vocab_hash, "world_size": world.size, **extra})
+    inputs = {"stores": stores, "vocab": vocab_hash, "world_size": world.size, "batch_plan": BATCH_PLAN}
+    fp = fingerprint(settings, {**inputs, **extra})
     return extra, fp

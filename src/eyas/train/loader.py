@@ -34,6 +34,7 @@ WINDOW_BATCHES = 16  # ... and at least this many full batches' worth: a 64-samp
 # length-grouped sampling of transformers' LengthGroupedSampler (megabatches of 50 batches,
 # `trainer_pt_utils.get_length_grouped_indices`); order stays random across windows and batches.
 MIN_LENGTH = 3  # a sample needs t + 2 < T for one loss position
+BATCH_PLAN = 2  # plan_batches version, in the checkpoint fingerprint: a resume skips its own plan's batches
 
 
 def conversation_kept(sample_id: str, fraction: float, seed: int) -> bool:
