@@ -18,6 +18,8 @@
 #                                                       plot (bench/studies/plot_tau_vs_data.py) into $OUT
 #   bash tools/gpu/run_recipe.sh bench-generation RUN [ARGS...]   bench/gpu/generation.py --out $OUT/generation
 #   bash tools/gpu/run_recipe.sh bench-extraction RUN [ARGS...]   bench/gpu/extraction.py --out $OUT/extraction
+#   bash tools/gpu/run_recipe.sh bench-train [ARGS...]     bench/train_profile.py (a trainer step's launches
+#                                                       against device time) into $OUT/train-profile.json
 #   bash tools/gpu/run_recipe.sh kimi [ARGS...]         bench/gpu/kimi_wrapped.py (issue 28's wrapped target) from
 #                                                       this checkout; its JSON into $OUT
 #
@@ -32,7 +34,7 @@ CODE=${EYAS_CODE:-/root/eyas}
 CONFIG_FILE=${EYAS_RECIPE_CONFIG:-config/gpu-smollm2.yaml}
 DRY=0
 if [[ ${1:-} == --dry ]]; then DRY=1; shift; fi
-usage() { sed -n '2,24p' "$0" >&2; exit 2; }
+usage() { sed -n '2,26p' "$0" >&2; exit 2; }
 (($# >= 1)) || usage
 step=$1; shift
 export PYTHONPATH="$CODE/src:$KIT/site:$KIT/tools" EYAS_CACHE="$KIT/cache" PYTHONUNBUFFERED=1
@@ -204,6 +206,10 @@ case $step in
       cp "$work"/*.json "$OUT/" 2>/dev/null || true
       (cd "$work" && tar -czf "$OUT/$name-logs.tgz" ./*.log 2>/dev/null) || true
     fi
+    ;;
+  bench-train)
+    copy_code
+    say python3 "$CODE/bench/train_profile.py" --device cuda --out "$OUT/train-profile.json" "$@"
     ;;
   kimi)
     # from this checkout, not $CODE: the tiny models take their tokenizer from tests/data/tokenizer;

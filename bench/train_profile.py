@@ -1,0 +1,137 @@
+"""Where one trainer step's time goes: launches against device time, at the GPU recipe's drafter shape.
+
+The pipeline's trainer ran at 60k tok/s (bench/results/recipe-h100-smollm2-cut-engines4.json) where
+bench/train.py's fixed batches reach 196k-257k, and its step time fits ~63 ms a step plus ~5.3 us a padded
+token: a fixed cost that suggests the host's kernel launches, not the GPU, set the pace at SmolLM2's
+size. Each case is one `step.train_step` plus the AdamW step (as bench/train.py times them) on ROWS x
+LENGTH tokens, profiled after warm-up in a fresh interpreter. It reports:
+
+- the median wall time of three unprofiled steps;
+- the kernels one step launches (CUDA) or its aten op calls (CPU);
+- on CUDA the kernels' summed device time and its share of the wall time (well under 1: the launches
+  set the pace);
+- the ops with the most calls and with the most self time.
+
+    python bench/train_profile.py --device cuda --shapes 16x1024 4x1024 --out OUT/train-profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from child import run_in_child
+from train import SHAPES, _batch, _drafter, sync
+
+RECIPE_DRAFT_VOCAB = 16384  # config/gpu-smollm2.yaml vocab.draft_vocab_size
+
+
+def _step_runner(rows: int, length: int, device: torch.device, ttt: int):
+    """A function running one trainer step (forward/backward and AdamW) on one fixed batch."""
+    from eyas.config import TrainSettings
+    from eyas.train.distributed import World
+    from eyas.train.parallel import spread_over_ranks
+    from eyas.train.step import Teacher, train_step
+    from eyas.train.trainer import param_groups, resolve_amp
+
+    shape = SHAPES["smollm2"] | {"draft": RECIPE_DRAFT_VOCAB}
+    settings, amp = TrainSettings(ttt_steps=ttt, select_by_tau=False), resolve_amp("auto", device)
+    spread = spread_over_ranks(_drafter(shape, device), "ddp", World(), device)
+    d2t = torch.zeros(shape["draft"], dtype=torch.int64)
+    t2d = torch.zeros(shape["vocab"], dtype=torch.bool)
+    t2d[: shape["draft"]] = True
+    teacher = Teacher(
+        torch.randn(shape["vocab"], shape["hidden"]) * 0.02, d2t, t2d, device, amp or torch.float32
+    )
+    optimizer = torch.optim.AdamW(param_groups(spread.objective, 0.0), lr=1e-4)
+    batch = _batch(shape, rows, length, device)
+    batch = batch.pin() if device.type == "cuda" else batch
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        train_step(spread, teacher, [batch], settings, amp, device)
+        optimizer.step()
+
+    return step
+
+
+def case_profile(rows: int, length: int, device_name: str, ttt: int = 7) -> dict:
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(device_name)
+    step = _step_runner(rows, length, device, ttt)
+    walls = []
+    for _ in range(5):  # two warm-up steps (allocator, kernel caches), three timed
+        sync(device)
+        began = time.perf_counter()
+        step()
+        sync(device)
+        walls.append(time.perf_counter() - began)
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+        sync(device)
+    ops = prof.key_averages()
+    wall = statistics.median(walls[2:])
+    result = {
+        "tokens_per_step": rows * length,
+        "seconds_per_step": wall,
+        "tokens_per_s": rows * length / wall,
+    }
+    if cuda:
+        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6  # kernel durations, us -> s
+        result |= {
+            "kernels_per_step": len(kernels),
+            "device_seconds": busy,
+            "device_share_of_wall": busy / wall,
+        }
+        by_time = sorted(ops, key=lambda e: -e.self_device_time_total)
+        result["top_by_self_device_ms"] = [
+            [e.key, e.self_device_time_total / 1e3, e.count] for e in by_time[:12]
+        ]
+    else:
+        result["aten_calls_per_step"] = sum(e.count for e in ops if e.key.startswith("aten::"))
+        by_time = sorted(ops, key=lambda e: -e.self_cpu_time_total)
+        result["top_by_self_cpu_ms"] = [[e.key, e.self_cpu_time_total / 1e3, e.count] for e in by_time[:12]]
+    result["top_by_calls"] = [[e.key, e.count] for e in sorted(ops, key=lambda e: -e.count)[:12]]
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="JSON results path")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--shapes", nargs="+", default=["16x1024", "4x1024"], help="ROWSxLENGTH batches")
+    ap.add_argument("--ttt", type=int, default=7, help="TTT steps (the recipe's train.ttt_steps)")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads per case")
+    args = ap.parse_args()
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    cases = []
+    for shape in args.shapes:
+        rows, length = (int(x) for x in shape.split("x"))
+        kwargs = {"rows": rows, "length": length, "device_name": device, "ttt": args.ttt}
+        cases.append({"rows": rows, "length": length, **run_in_child("train_profile", "case_profile", kwargs,
+                                                                     args.threads)})  # fmt: skip
+        print(json.dumps(cases[-1])[:400])
+    results = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "device": torch.cuda.get_device_name() if device == "cuda" else f"cpu x{args.threads} threads",
+        "torch": torch.__version__,
+        "draft_vocab": RECIPE_DRAFT_VOCAB,
+        "cases": cases,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
