@@ -13,7 +13,7 @@ rule extract:
         "results/benchmarks/extract/{split}-{shard}.tsv"
     conda:
         "../envs/eyas.yaml"
-    threads: 2
+    threads: extract_threads()
     resources:
         gpu=extract_gpus(),
         mem_mb=8000,  # the target (fp32 SmolLM2 ~0.6 GB) + a token-budget batch of states + write buffers

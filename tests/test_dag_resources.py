@@ -45,6 +45,8 @@ def test_gpu_jobs_ask_for_a_gpu_and_leave_cores_to_cpu_stages(gpu_recipe):
         if job["rule"] in GPU_RULES:
             assert job["threads"] <= CORES // 2, job  # half the cores or fewer: tokenize, validate fit beside
     # each CPU job fits beside the widest GPU job (validate, the widest, scans with 8 threads)
+    # extraction's host side compresses and writes chunks on all but one of its threads
+    assert {j["threads"] for j in jobs if j["rule"] == "extract"} == {8}
     widest_gpu_job = max(j["threads"] for j in jobs if j["rule"] in GPU_RULES)
     assert max(j["threads"] for j in jobs if j["rule"] not in GPU_RULES) <= CORES - widest_gpu_job
 
@@ -53,6 +55,7 @@ def test_cpu_jobs_keep_every_core(cpu_default):
     jobs, _ = cpu_default
     threads = {j["rule"]: j["threads"] for j in jobs}
     assert threads["train"] == CORES and threads["evaluate"] == CORES, threads
+    assert threads["extract"] == 2, threads  # the forward and one writer; shards run side by side
     assert all(int(j["resources"].get("gpu", 0)) == 0 for j in jobs)
 
 
