@@ -126,8 +126,9 @@ def extract_gpus():
 
 def extract_threads():
     """On GPUs the job's host compresses and writes the chunks, `GPU_JOB_CORES` a GPU: with 2 threads
-    (one writer) SGLang extraction on an H100 ran at 102.7k tok/s, waiting 36 of its 88 s on the writer
-    (bench/results/recipe-h100-smollm2-cut-engines4.json). On the CPU 2: the forward and one writer."""
+    (one writer) SGLang extraction of SmolLM2 on an H100 ran at 102.7k tok/s, waiting 36 of its 88 s on
+    the writer (bench/results/recipe-h100-smollm2-cut-engines4.json); with 16, 139.9k on an H200
+    (bench/results/sglang-speed-smollm2.json). On the CPU 2: the forward and one writer."""
     gpus = extract_gpus()
     return job_threads(gpus) if gpus else 2
 
