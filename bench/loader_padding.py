@@ -3,8 +3,7 @@
 budgets (now), over a real token shard's sample lengths. No model, no GPU: the plan depends only on the
 lengths.
 
-    python bench/loader_padding.py --tokens RUN/results/tokens/train
-        --out bench/results/loader-padding-cpu.json
+    python bench/loader_padding.py --tokens RUN/results/tokens/train --out loader-padding.json
 
 The GPU step costs a fixed ~63 ms plus ~5.3 us a padded token (SmolLM2 drafter, 7 TTT steps, H100/H200:
 the two pipeline runs of bench/results/recipe-h100-smollm2-cut-engines4.json and issue 26, 8k and 32k
