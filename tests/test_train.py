@@ -168,7 +168,9 @@ def test_resume_after_crash_matches_uninterrupted_run(data, tmp_path, monkeypatc
         assert [int(r["step"]) for r in csv.DictReader(fh)] == [1, 2, 3, 4, 5]
 
 
-def test_changed_settings_do_not_resume(data, tmp_path, monkeypatch):
+def _killed_at_step_3(data, tmp_path, monkeypatch) -> None:
+    """A 4-step run killed as step 3 is logged: it leaves the checkpoint of step 2 to resume from."""
+
     def crash(self, row: list) -> None:
         if row[0] == 3:
             raise KeyboardInterrupt
@@ -177,6 +179,10 @@ def test_changed_settings_do_not_resume(data, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run(data, tmp_path, settings(max_steps=4))
     monkeypatch.undo()
+
+
+def test_changed_settings_do_not_resume(data, tmp_path, monkeypatch):
+    _killed_at_step_3(data, tmp_path, monkeypatch)
     stats = run(data, tmp_path, settings(max_steps=4, lr=1e-4))
     assert stats["resumed_from_step"] == 0
 
@@ -185,14 +191,7 @@ def test_a_checkpoint_of_another_batch_plan_does_not_resume(data, tmp_path, monk
     # its step counts batches of the plan it was made with: another plan would skip other samples
     from eyas.train import drafter_setup, loader
 
-    def crash(self, row: list) -> None:
-        if row[0] == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(TrainLog, "append", crash)
-    with pytest.raises(KeyboardInterrupt):
-        run(data, tmp_path, settings(max_steps=4))
-    monkeypatch.undo()
+    _killed_at_step_3(data, tmp_path, monkeypatch)
     monkeypatch.setattr(drafter_setup, "BATCH_PLAN", loader.BATCH_PLAN + 1)
     assert run(data, tmp_path, settings(max_steps=4))["resumed_from_step"] == 0
 
