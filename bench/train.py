@@ -71,44 +71,55 @@ def _batch(shape: dict, rows: int, length: int, device: torch.device):
     )
 
 
-def case_train(shape_name: str, rows: int, length: int, steps: int, device_name: str, ttt: int) -> dict:
-    """Trainer steps on [rows, length] batches: tokens/s and peak memory."""
+def trainer_step(shape: dict, rows: int, length: int, device: torch.device, ttt: int):
+    """A function running one real trainer step (`step.train_step`, then AdamW) of the drafter at `shape`
+    on one fixed [rows, length] batch (pinned on a GPU, as the loader hands it over)."""
     from eyas.config import TrainSettings
     from eyas.train.distributed import World
     from eyas.train.parallel import spread_over_ranks
-    from eyas.train.step import Teacher, activation_budget, train_step
+    from eyas.train.step import Teacher, train_step
     from eyas.train.trainer import param_groups, resolve_amp
 
-    device = torch.device(device_name)
-    shape = SHAPES[shape_name]
-    settings = TrainSettings(ttt_steps=ttt, select_by_tau=False)
-    amp = resolve_amp("auto", device)
-    model = _drafter(shape, device)
+    settings, amp = TrainSettings(ttt_steps=ttt, select_by_tau=False), resolve_amp("auto", device)
+    spread = spread_over_ranks(_drafter(shape, device), "ddp", World(), device)
     head = torch.randn(shape["vocab"], shape["hidden"]) * 0.02
     d2t = torch.zeros(shape["draft"], dtype=torch.int64)
     t2d = torch.zeros(shape["vocab"], dtype=torch.bool)
     t2d[: shape["draft"]] = True
     teacher = Teacher(head, d2t, t2d, device, amp or torch.float32)
-    spread = spread_over_ranks(model, "ddp", World(), device)
     optimizer = torch.optim.AdamW(param_groups(spread.objective, 0.0), lr=1e-4)
     batch = _batch(shape, rows, length, device)
+    batch = batch.pin() if device.type == "cuda" else batch
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        train_step(spread, teacher, [batch], settings, amp, device)
+        optimizer.step()
+
+    return step
+
+
+def case_train(shape_name: str, rows: int, length: int, steps: int, device_name: str, ttt: int) -> dict:
+    """Trainer steps on [rows, length] batches: tokens/s and peak memory."""
+    from eyas.model.drafter import mlp_recompute_needed
+    from eyas.train.step import activation_budget
+    from eyas.train.trainer import resolve_amp
+
+    device = torch.device(device_name)
+    shape = SHAPES[shape_name]
+    step = trainer_step(shape, rows, length, device, ttt)
     if device.type == "cuda":
-        batch = batch.pin()
         torch.cuda.reset_peak_memory_stats()
     times = []
     for i in range(steps + 1):  # step 0 is warm-up (allocator, kernels)
         sync(device)
         start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        train_step(spread, teacher, [batch], settings, amp, device)
-        optimizer.step()
+        step()
         sync(device)
         if i:
             times.append(time.perf_counter() - start)
     seconds = float(np.median(times))
-    from eyas.model.drafter import mlp_recompute_needed
-
-    elsize = 2 if amp is not None else 4
+    elsize = 2 if resolve_amp("auto", device) is not None else 4
     return {
         "mlp_recompute": mlp_recompute_needed(
             rows * length, shape["inter"], ttt, elsize, activation_budget(device)

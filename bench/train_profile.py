@@ -27,38 +27,9 @@ from pathlib import Path
 
 import torch
 from child import run_in_child
-from train import SHAPES, _batch, _drafter, sync
+from train import SHAPES, sync, trainer_step
 
 RECIPE_DRAFT_VOCAB = 16384  # config/gpu-smollm2.yaml vocab.draft_vocab_size
-
-
-def _step_runner(rows: int, length: int, device: torch.device, ttt: int):
-    """A function running one trainer step (forward/backward and AdamW) on one fixed batch."""
-    from eyas.config import TrainSettings
-    from eyas.train.distributed import World
-    from eyas.train.parallel import spread_over_ranks
-    from eyas.train.step import Teacher, train_step
-    from eyas.train.trainer import param_groups, resolve_amp
-
-    shape = SHAPES["smollm2"] | {"draft": RECIPE_DRAFT_VOCAB}
-    settings, amp = TrainSettings(ttt_steps=ttt, select_by_tau=False), resolve_amp("auto", device)
-    spread = spread_over_ranks(_drafter(shape, device), "ddp", World(), device)
-    d2t = torch.zeros(shape["draft"], dtype=torch.int64)
-    t2d = torch.zeros(shape["vocab"], dtype=torch.bool)
-    t2d[: shape["draft"]] = True
-    teacher = Teacher(
-        torch.randn(shape["vocab"], shape["hidden"]) * 0.02, d2t, t2d, device, amp or torch.float32
-    )
-    optimizer = torch.optim.AdamW(param_groups(spread.objective, 0.0), lr=1e-4)
-    batch = _batch(shape, rows, length, device)
-    batch = batch.pin() if device.type == "cuda" else batch
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        train_step(spread, teacher, [batch], settings, amp, device)
-        optimizer.step()
-
-    return step
 
 
 def case_profile(rows: int, length: int, device_name: str, ttt: int = 7) -> dict:
@@ -66,7 +37,7 @@ def case_profile(rows: int, length: int, device_name: str, ttt: int = 7) -> dict
     from torch.profiler import ProfilerActivity, profile
 
     device = torch.device(device_name)
-    step = _step_runner(rows, length, device, ttt)
+    step = trainer_step(SHAPES["smollm2"] | {"draft": RECIPE_DRAFT_VOCAB}, rows, length, device, ttt)
     walls = []
     for _ in range(5):  # two warm-up steps (allocator, kernel caches), three timed
         sync(device)
