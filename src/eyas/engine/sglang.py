@@ -23,6 +23,7 @@ import os
 from eyas.core.logs import child_stage_logging, keep_stage_logging
 from eyas.engine import sglang_draft_swap
 from eyas.engine.sglang_args import check_tested, server_arg_names
+from eyas.engine.sglang_models import only_needed_models
 
 log = logging.getLogger("eyas.sglang")
 
@@ -218,4 +219,7 @@ def start_engine(args: dict, *, speculative: bool, stage: str, loop=None):
             f"engine args {sorted(unknown)} are not ServerArgs fields of sglang {sglang.__version__}"
         )
     cls = draft_swap_engine_class() if speculative else engine_class()
-    return cls(stage=stage, loop=loop, **args)
+    models = [args["model_path"], *filter(None, [args.get("speculative_draft_model_path")])]
+    drafters = sglang_draft_swap.EAGLE3_DRAFT_ARCHS if speculative else ()  # select may swap either
+    with only_needed_models(models, drafters):
+        return cls(stage=stage, loop=loop, **args)

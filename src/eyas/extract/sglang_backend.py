@@ -25,6 +25,7 @@ from eyas.config import SglangSettings
 from eyas.core.layer_ids import sglang_layer_ids, text_model_type
 from eyas.core.logs import Progress, keep_stage_logging
 from eyas.engine.sglang_args import base_engine_args, check_tested, server_arg_names, user_engine_args
+from eyas.engine.sglang_models import only_needed_models
 from eyas.extract.job import (
     default_writer_threads,
     open_job,
@@ -270,7 +271,8 @@ def extract_shard_sglang(
     args = engine_args(
         route, sglang_ids, settings, model_dir, dtype_name, trust_remote_code, server_arg_names()
     )
-    engine = capture_engine_class(spec)(**args)
+    with only_needed_models([model_dir]):
+        engine = capture_engine_class(spec)(**args)
     keep_stage_logging()  # SGLang's configure_logger reset the root logger as the engine started
     load_seconds, seconds = _serve_requests(
         engine, shard, lengths, todo, spec, settings.requests_per_call, out_store, start
