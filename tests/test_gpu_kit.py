@@ -68,7 +68,7 @@ def test_run_script_dry_start_passes_the_benchs_best_engine_settings(tmp_path):
 
 def test_run_script_dry_steps_read_the_recipe_config_named_in_the_environment(tmp_path):
     env = {"EYAS_CODE": str(tmp_path / "code"), "EYAS_RECIPE_CONFIG": "config/smaller.yaml"}
-    for step in ("prepare", "start", "bench-generation"):
+    for step in ("prepare", "start", "bench-generation", "bench-start"):
         out = _bash("run_recipe.sh", "--dry", step, tmp_path / "run", env=env)
         assert out.returncode == 0, out.stderr
         assert f"{tmp_path}/code/config/smaller.yaml" in out.stdout, step

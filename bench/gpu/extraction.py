@@ -86,6 +86,7 @@ def child_bare(args) -> None:
 
     from eyas.core.layer_ids import sglang_layer_ids, text_model_type
     from eyas.engine.sglang_args import server_arg_names
+    from eyas.engine.sglang_models import only_needed_models
     from eyas.extract.sglang_backend import WARMUP_REQUESTS, capture_route, engine_args
     from eyas.model.target import read_config
     from eyas.store import read_token_shard
@@ -101,7 +102,8 @@ def child_bare(args) -> None:
     requests = [shard.sample(i)[0].tolist() for i in range(shard.num_samples)]
     requests = [r for r in requests if r]
     start = time.perf_counter()
-    engine = Engine(**kwargs)
+    with only_needed_models([args.model]):  # as the stage starts its engine
+        engine = Engine(**kwargs)
     try:
         engine.generate(input_ids=requests[:WARMUP_REQUESTS], sampling_params={"max_new_tokens": 0})
         load_seconds = time.perf_counter() - start

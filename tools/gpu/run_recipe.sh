@@ -18,6 +18,7 @@
 #                                                       plot (bench/studies/plot_tau_vs_data.py) into $OUT
 #   bash tools/gpu/run_recipe.sh bench-generation RUN [ARGS...]   bench/gpu/generation.py --out $OUT/generation
 #   bash tools/gpu/run_recipe.sh bench-extraction RUN [ARGS...]   bench/gpu/extraction.py --out $OUT/extraction
+#   bash tools/gpu/run_recipe.sh bench-start RUN [ARGS...]        bench/gpu/engine_start.py --out $OUT/start
 #   bash tools/gpu/run_recipe.sh bench-train [ARGS...]     bench/train_profile.py (a trainer step's launches
 #                                                       against device time) into $OUT/train-profile.json
 #   bash tools/gpu/run_recipe.sh kimi [ARGS...]         bench/gpu/kimi_wrapped.py (issue 28's wrapped target) from
@@ -34,7 +35,7 @@ CODE=${EYAS_CODE:-/root/eyas}
 CONFIG_FILE=${EYAS_RECIPE_CONFIG:-config/gpu-smollm2.yaml}
 DRY=0
 if [[ ${1:-} == --dry ]]; then DRY=1; shift; fi
-usage() { sed -n '2,26p' "$0" >&2; exit 2; }
+usage() { sed -n '2,27p' "$0" >&2; exit 2; }
 (($# >= 1)) || usage
 step=$1; shift
 export PYTHONPATH="$CODE/src:$KIT/site:$KIT/tools" EYAS_CACHE="$KIT/cache" PYTHONUNBUFFERED=1
@@ -188,7 +189,7 @@ case $step in
       python3 "$CODE/bench/studies/plot_tau_vs_data.py" "$run/curve/recipe-curve.json" --out "$OUT/tau-vs-data"
     fi
     ;;
-  bench-generation|bench-extraction)
+  bench-generation|bench-extraction|bench-start)
     # work files stay in /root/bench/NAME (a later `start --engine-from` reads best.json there); $OUT gets
     # the JSONs and a tarball of the logs (at most 8 files come back from a call)
     need_run "${1:-}"; run=$1; shift; copy_code
@@ -196,9 +197,12 @@ case $step in
     if [[ $step == bench-generation ]]; then
       cmd=(python3 "$CODE/bench/gpu/generation.py" --config "$CODE/$CONFIG_FILE" --model "$run/results/assets/model"
         --prepared "$run/results/prepared" --out "$work" "$@")
-    else
+    elif [[ $step == bench-extraction ]]; then
       cmd=(python3 "$CODE/bench/gpu/extraction.py" --config "$CODE/$CONFIG_FILE" --model "$run/results/assets/model"
         --shard "$run/results/tokens/train/shard-00000.zarr" --out "$work" "$@")
+    else
+      cmd=(python3 "$CODE/bench/gpu/engine_start.py" --config "$CODE/$CONFIG_FILE" --model "$run/results/assets/model"
+        --out "$work" "$@")
     fi
     say "${cmd[@]}"
     if ((!DRY)); then
