@@ -9,7 +9,9 @@ a time with `max_new_tokens` 0 after the same warm-up the stage sends (its first
 stage's `extract_shard_sglang` on the same shard (hook, device encode, pinned copy, writer threads,
 `extract.storage` of the config), once per variant (NAME=JSON: `extract` keys over the config's, e.g.
 `{"writer_threads": 4}`, `{"storage": "bf16"}`, and `{"sglang": {"requests_per_call": 4096}}` for the
-top-level `sglang` section). Each run in a fresh process. Reported: tokens a second after the engine is
+top-level `sglang` section). Each run in a fresh process. `--profile`: cProfile of the eyas variants'
+scheduler process (its main thread) from the first capture forward to the store's end, the top
+functions in the JSON. Reported: tokens a second after the engine is
 up (the stage's own `seconds`, which leave out start-up and warm-up) and end to end (the child's whole
 process), and eyas / bare for both.
 `--tokens N` repeats the shard's samples up to N tokens (a small shard is over before it is timed).
@@ -19,6 +21,7 @@ Writes OUT/extraction.json with the command; `--dry` checks config and shard and
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -121,11 +124,55 @@ def child_bare(args) -> None:
     Path(args.result).write_text(json.dumps(result))
 
 
+def profiled_scheduler_process(profile_path: str, spec, *args, **kwargs):
+    """The capture engine's scheduler process with cProfile on its main thread from the first capture
+    forward (the row sink's creation) to the store's end (its `close`); stats to `profile_path`."""
+    import cProfile
+
+    from eyas.extract import sglang_capture, sglang_sink
+
+    profiler = cProfile.Profile()
+    init, close = sglang_sink.RowSink.__init__, sglang_sink.RowSink.close
+
+    def init_and_start(self, *a, **k):
+        init(self, *a, **k)
+        profiler.enable()
+
+    def close_and_dump(self):
+        try:
+            return close(self)
+        finally:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
+
+    sglang_sink.RowSink.__init__, sglang_sink.RowSink.close = init_and_start, close_and_dump
+    return sglang_capture.scheduler_process(spec, *args, **kwargs)
+
+
+def profile_top(path: Path, count: int = 40) -> dict:
+    """The profile's functions with the most own time and the most time below them."""
+    import pstats
+
+    stats = pstats.Stats(str(path))
+    rows = [(f"{func[0].split('site-packages/')[-1]}:{func[1]}({func[2]})", calls, own, below)
+            for func, (_, calls, own, below, _) in stats.stats.items()]  # fmt: skip
+    own = sorted(rows, key=lambda r: -r[2])[:count]
+    below = sorted(rows, key=lambda r: -r[3])[:count]
+    keys = ("function", "calls", "own_seconds", "cumulative_seconds")
+    return {"total_seconds": stats.total_tt,
+            "by_own_time": [dict(zip(keys, r, strict=True)) for r in own],
+            "by_cumulative_time": [dict(zip(keys, r, strict=True)) for r in below]}  # fmt: skip
+
+
 def child_eyas(args) -> None:
     began = time.perf_counter()
     import dataclasses
 
+    from eyas.extract import sglang_backend
     from eyas.extract.sglang_backend import extract_shard_sglang
+
+    if args.profile_out:
+        sglang_backend.scheduler_process = functools.partial(profiled_scheduler_process, args.profile_out)
 
     cfg = extract_settings(args.config, json.loads(args.variant_json))
     ex = cfg.extract
@@ -194,7 +241,13 @@ def run(args) -> None:
         child_work.mkdir(parents=True, exist_ok=True)
         child = ["_eyas", *common, "--variant-json", json.dumps(overrides), "--work", str(child_work),
                  "--result", str(child_work / "result.json")]  # fmt: skip
+        profile = args.out / f"profile-{name}.prof"
+        if args.profile:
+            profile.unlink(missing_ok=True)
+            child += ["--profile-out", str(profile)]
         entry = run_child(child, args.out / f"eyas-{name}.log", args.timeout) | {"overrides": overrides}
+        if args.profile and profile.exists():
+            entry["scheduler_profile"] = profile_top(profile)
         if "tokens" in entry:
             entry["tokens_per_s_by"] = rates(entry)
             if "tokens_per_s_by" in bare:
@@ -217,9 +270,11 @@ def main(argv=None) -> None:
     ap.add_argument("--variant", action="append", default=[], help="NAME=JSON extract overrides; repeat")
     ap.add_argument("--threads", type=int, default=16, help="the job's threads (writer pool)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per child run")
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile the capture engine's scheduler process while it captures")  # fmt: skip
     ap.add_argument("--dry", action="store_true", help="plan only: config and shard checked")
     children = {"_bare": child_bare, "_eyas": child_eyas}
-    child_flags = ("--variant-json", "--work", "--result", "--workload")
+    child_flags = ("--variant-json", "--work", "--result", "--workload", "--profile-out")
     run_or_child(ap, argv, run, children, child_flags, required=("shard", "out"))
 
 
