@@ -170,3 +170,47 @@ def test_extract_overrides_merge_the_nested_engine_section():
     base = extraction.extract_settings(str(RECIPE), {})
     assert cfg.extract.writer_threads == 3 and cfg.sglang.requests_per_call == 64
     assert cfg.sglang.attention_backend == base.sglang.attention_backend  # kept
+
+
+def test_engine_start_help_runs_without_a_gpu():
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "engine_start.py"), "--help"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert "--out" in out.stdout and "--no-engine" in out.stdout
+
+
+def test_engine_start_summary_compares_the_modes_medians():
+    import engine_start
+
+    runs = [
+        {"mode": "all", "registry_import_seconds": 3.0},
+        {"mode": "needed", "registry_import_seconds": 0.5},
+        {"mode": "all", "registry_import_seconds": 5.0},
+        {"mode": "needed", "registry_import_seconds": 1.5},
+        {"mode": "needed", "exit_code": 1},  # a child that failed has no figure
+    ]
+    out = engine_start.summary(runs, "registry_import_seconds")
+    assert out["median_seconds"] == {"all": 4.0, "needed": 1.0}
+    assert out["all_over_needed"] == 4.0 and out["saved_seconds"] == 3.0
+
+
+def test_extraction_profile_top_ranks_by_own_and_cumulative_time(tmp_path):
+    import cProfile
+
+    def inner():
+        return sum(i * i for i in range(20000))
+
+    def outer():
+        return [inner() for _ in range(3)]
+
+    profiler = cProfile.Profile()
+    profiler.runcall(outer)
+    profiler.dump_stats(tmp_path / "p.prof")
+    top = extraction.profile_top(tmp_path / "p.prof", count=5)
+    cumulative = top["by_cumulative_time"]
+    assert [r["cumulative_seconds"] for r in cumulative] == sorted(
+        (r["cumulative_seconds"] for r in cumulative), reverse=True
+    )
+    assert any(r["function"].endswith("(outer)") and r["calls"] == 1 for r in cumulative)
+    assert top["total_seconds"] >= cumulative[0]["own_seconds"]
