@@ -129,7 +129,18 @@ def test_rates_are_tokens_over_seconds():
         "benchmark_seconds": 2.0,
         "engine_start_seconds": [4.0],
     }
-    assert generation.rates(theirs) == {"end_to_end": 125.0, "after_engine_start": 500.0}
+    assert generation.rates(theirs) == {
+        "end_to_end": 125.0,
+        "after_engine_start": 500.0,
+        "while_generating": 500.0,
+    }
+    # eyas's generate calls timed alone: the like-for-like rate beside SGLang's timed calls
+    timed = eyas | {"generate_seconds": 3.2}
+    assert generation.rates(timed) == {
+        "end_to_end": 100.0,
+        "after_engine_start": 250.0,
+        "while_generating": 312.5,
+    }
 
 
 def test_projected_seconds_rank_variants_by_the_recipes_whole_generation():

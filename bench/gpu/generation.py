@@ -105,13 +105,17 @@ def child_eyas(args) -> None:
     from eyas.regenerate import responses
 
     cfg, settings = load_settings(args.config, json.loads(args.variant_json))
-    rounds, starts = [], []
+    rounds, round_seconds, starts = [], [], []
     original_generate = responses.SglangGenerator.__call__
     original_init = generation.GenerationEngines.__init__
 
     def recording(self, prompts):
         rounds.append([list(p) for p in prompts])
-        return original_generate(self, prompts)
+        t = time.perf_counter()
+        try:
+            return original_generate(self, prompts)
+        finally:
+            round_seconds.append(time.perf_counter() - t)  # the generate call alone, as SGLang's is timed
 
     def timed_init(self, *a, **k):
         t = time.perf_counter()
@@ -133,6 +137,7 @@ def child_eyas(args) -> None:
     result = {
         "new_tokens": sum(s["new_tokens"] for s in stats), "stats": stats,
         "in_process_seconds": done - began, "stage_seconds": done - stage_began,
+        "generate_seconds": sum(round_seconds), "round_seconds": round_seconds,
         "engine_start_seconds": starts, "round_prompts": [len(r) for r in rounds],
         "engine_args": _engine_args(cfg, settings, args.model),
     }  # fmt: skip
@@ -209,11 +214,13 @@ def child_sglang(args) -> None:
 # --------------------------------------------------------------------------- the parent
 def rates(entry: dict) -> dict:
     """New tokens a second: end to end (the child's whole process: imports, start-up, generation,
-    writing) and after its engines started (eyas: the stage's seconds less engine start-up; SGLang: its
-    benchmark's own timed calls)."""
+    writing), after its engines started (eyas: the stage's seconds less engine start-up; SGLang: its
+    benchmark's own timed calls) and while generating (the generate calls alone, on both sides)."""
     tokens = entry["new_tokens"]
     after = entry.get("benchmark_seconds") or entry["stage_seconds"] - sum(entry["engine_start_seconds"])
-    return {"end_to_end": tokens / entry["process_seconds"], "after_engine_start": tokens / after}
+    generating = entry.get("benchmark_seconds") or entry.get("generate_seconds")
+    out = {"end_to_end": tokens / entry["process_seconds"], "after_engine_start": tokens / after}
+    return out | ({"while_generating": tokens / generating} if generating else {})
 
 
 def projected_seconds(entry: dict, tokens: float) -> float:
@@ -257,7 +264,7 @@ def run(args) -> None:
             entry["new_tokens_per_s"] = rates(entry)
             theirs = entry["new_tokens_per_s"]
             result["ratio_to_sglang"] = {
-                name: {k: v["new_tokens_per_s"][k] / theirs[k] for k in theirs}
+                name: {k: v["new_tokens_per_s"][k] / theirs[k] for k in theirs if k in v["new_tokens_per_s"]}
                 for name, v in result["variants"].items() if "new_tokens_per_s" in v
             }  # fmt: skip
         result["sglang_offline_benchmark"] = entry
