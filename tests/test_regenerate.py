@@ -3,13 +3,22 @@ the last turn, every turn in order, and several samples per conversation."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import torch
 
 from eyas.evaluate.specdec import plain_generate
 from eyas.model.target import load_target
-from eyas.regenerate.responses import HFGenerator, generate_batch, regenerate_split
+from eyas.regenerate.responses import (
+    HFGenerator,
+    generate_batch,
+    prepare_split,
+    regenerate_pipelined,
+    regenerate_rounds,
+    regenerate_split,
+    write_split,
+)
 
 
 def conversation(i: int, turns: int = 1) -> dict:
@@ -112,3 +121,89 @@ def test_samples_each_become_a_conversation_and_counts_add_up(tmp_path, tokenize
         == stats["regenerated"] + stats["empty"] + stats["too_long"] + stats["no_assistant"]
     )
     assert stats["samples_written"] == 3 and stats["turns_kept"] == 1
+
+
+def _rule_answer(tokenizer, prompt: list[int]) -> list[int]:
+    """A deterministic stand-in for the target: the answer is a function of the prompt (empty for
+    conversation 3's, so its streams end at their first turn)."""
+    text = tokenizer.decode(prompt)
+    if "Question 3." in text:
+        return []
+    return tokenizer.encode(f"answer {len(prompt)} {text.count('answer')}", add_special_tokens=False)
+
+
+class PipelinedEngines:
+    """The pipelined interface of `eyas.engine.generation.GenerationEngines` (`generate_one`, `run`)
+    over `_rule_answer`; `delay(prompt)` seconds before each answer, so turns come back out of order."""
+
+    def __init__(self, tokenizer, delay=lambda prompt: 0.0):
+        self.tokenizer, self.delay, self.log = tokenizer, delay, []
+
+    async def generate_one(self, number, *, input_ids, sampling_params):
+        self.log.append(("sent", number, self.tokenizer.decode(input_ids)))
+        await asyncio.sleep(self.delay(input_ids))
+        self.log.append(("back", number, self.tokenizer.decode(input_ids)))
+        eos = self.tokenizer.eos_token_id
+        return {"output_ids": [*_rule_answer(self.tokenizer, input_ids), eos, 17]}  # cut at end-of-turn
+
+    def run(self, calls):
+        return asyncio.run(calls)
+
+
+def _regenerate_both_ways(tmp_path, tokenizer, engines):
+    records = [conversation(i, turns=1 + i % 3) for i in range(6)]
+    records[5]["messages"][0]["content"] += " long" * 60  # its later prompts outgrow the limit
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    shape = dict(max_prompt_length=200, samples=2, turns="all")
+    rounds = prepare_split(src, tokenizer, **shape)
+    regenerate_rounds(
+        [rounds], lambda ps: [_rule_answer(tokenizer, p) for p in ps], tokenizer, max_prompt_length=200
+    )
+    piped = prepare_split(src, tokenizer, **shape)
+    sampling = {"temperature": 0.7, "max_new_tokens": 64}
+    eos = {tokenizer.eos_token_id}
+    regenerate_pipelined(
+        [piped], engines, tokenizer, sampling=sampling, eos_token_ids=eos, max_prompt_length=200
+    )
+    outs = []
+    for name, state in (("rounds", rounds), ("pipelined", piped)):
+        stats = write_split(state, tmp_path / f"{name}.jsonl")
+        outs.append((stats, (tmp_path / f"{name}.jsonl").read_text()))
+    return outs
+
+
+def test_pipelined_turns_write_what_turn_rounds_write(tmp_path, tokenizer):
+    # answers come back in another order than sent: later turns of short prompts overtake
+    engines = PipelinedEngines(tokenizer, delay=lambda prompt: 0.02 * (len(prompt) % 5))
+    (round_stats, round_text), (piped_stats, piped_text) = _regenerate_both_ways(tmp_path, tokenizer, engines)
+    assert piped_text == round_text
+    assert piped_stats == round_stats
+    assert (
+        round_stats["turns_regenerated"] > 0 and round_stats["turns_kept"] > 0 and round_stats["empty"] == 1
+    )
+    sent = [number for kind, number, _ in engines.log if kind == "sent"]
+    assert sorted(set(sent)) == list(range(12))  # 6 conversations x 2 samples, each stream numbered
+
+
+def test_a_streams_next_turn_does_not_wait_for_the_round(tmp_path, tokenizer):
+    src = tmp_path / "train.jsonl"
+    src.write_text(json.dumps(conversation(0, turns=1)) + "\n" + json.dumps(conversation(1, turns=2)) + "\n")
+    # conversation 0's only turn is slow; conversation 1's two turns are fast
+    engines = PipelinedEngines(
+        tokenizer, delay=lambda p: 0.3 if "Question 0." in tokenizer.decode(p) else 0.0
+    )
+    state = prepare_split(src, tokenizer, max_prompt_length=500, samples=1, turns="all")
+    sampling = {"temperature": 0.0, "max_new_tokens": 16}
+    eos = {tokenizer.eos_token_id}
+    regenerate_pipelined(
+        [state], engines, tokenizer, sampling=sampling, eos_token_ids=eos, max_prompt_length=500
+    )
+    slow_back = next(
+        i for i, (kind, _, text) in enumerate(engines.log) if kind == "back" and "Question 0." in text
+    )
+    second_turn_sent = next(
+        i for i, (kind, _, text) in enumerate(engines.log) if kind == "sent" and "Question 1.1" in text
+    )
+    assert second_turn_sent < slow_back, engines.log
+    assert state["stats"]["turns_regenerated"] == 3

@@ -94,6 +94,17 @@ class GenerationEngines:
                 results[i] = out
         return results
 
+    async def generate_one(self, number: int, *, input_ids: list[int], sampling_params: dict) -> dict:
+        """One prompt's `async_generate` on engine `number` mod count (a caller's stream n keeps its
+        engine); awaited under `run`."""
+        engine = self.engines[number % len(self.engines)]
+        return await engine.async_generate(input_ids=input_ids, sampling_params=sampling_params)
+
+    def run(self, calls):
+        """Await `calls` (a coroutine of `generate_one`s) on the engines' loop, an engine death raised
+        as `EngineDied`."""
+        return self._run(calls)
+
     def _run(self, calls):
         """The engines' calls on their one loop; an engine process that died fails them all with
         `EngineDied` naming every dead process (SGLang's SIGQUIT handler, the last engine's, stops the
@@ -102,6 +113,9 @@ class GenerationEngines:
         try:
             return loop.run_until_complete(calls)
         except BaseException as err:
+            if len(self.engines) == 1 and self.engines[0].died:
+                # one engine's own handler named what died before it stopped the engine's other processes
+                raise EngineDied(self.engines[0].died) from err
             dead = [p for engine in self.engines for p in dead_processes(engine)]
             if dead or any(getattr(e, "died", None) for e in self.engines):
                 what = ", ".join(dead) or SOME_PROCESS

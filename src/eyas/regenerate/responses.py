@@ -12,9 +12,11 @@ per conversation, each written as its own conversation (`id#s<j>`).
 Two generators: `HFGenerator` (prompts sorted by length, left-padded, batched `generate` with a KV
 cache) and `SglangGenerator` (every prompt of a round handed to the job's SGLang engines,
 `eyas.engine.generation`, which schedule them). One job regenerates every split: each turn round is one
-generate call over all splits, so the engines start once and see the whole queue; with SGLang the
-splits are read and their first prompts rendered (once per conversation, shared by its samples) while
-the engines start.
+generate call over all splits, so the engines start once and see the whole queue. With SGLang and
+`regenerate.engine.pipeline_turns` there are no rounds (`regenerate_pipelined`): each conversation
+sample's next turn goes to the engines as soon as its last one is back. With SGLang the splits are
+read and their first prompts rendered (once per conversation, shared by its samples) while the
+engines start.
 
 Counts, per conversation: read == regenerated + empty (every sample empty at its first turn) +
 too_long (first prompt over the limit) + no_assistant (tokenize rejects these); those not regenerated
@@ -24,6 +26,7 @@ keeps the dataset's text and is counted in `turns_kept`. A response cut at max_n
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import logging
@@ -150,39 +153,88 @@ def _assistant_turns(messages: list[dict], turns: str) -> list[int]:
     return positions if turns == "all" else positions[-1:]
 
 
+def _turn_prompt(state, stream, round_index, tokenizer, max_prompt_length) -> list[int] | None:
+    """The prompt of `stream`'s turn `round_index`, or None where the stream has no such turn left (it
+    ended, or this prompt is over the limit: its remaining turns are kept)."""
+    if stream["done"] or round_index >= len(stream["turns"]):
+        return None
+    if round_index == 0:
+        ids = stream["first"]  # rendered once per conversation, shared by its samples
+    else:
+        tools = state["records"][stream["record"]]["tools"]
+        ids = render_prompt(tokenizer, stream["messages"][: stream["turns"][round_index] + 1], tools)
+    if len(ids) > max_prompt_length:
+        stream["done"] = True
+        state["stats"]["turns_kept"] += len(stream["turns"]) - round_index
+        return None
+    return ids
+
+
+def _take_turn(state, stream, round_index, tokens: list[int], tokenizer) -> None:
+    """`tokens` (cut at end-of-turn) become `stream`'s assistant turn `round_index`; an empty response
+    ends the stream, its remaining turns kept."""
+    stats = state["stats"]
+    text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    if not text:
+        stream["done"] = True
+        stats["turns_kept"] += len(stream["turns"]) - round_index
+        return
+    stream["messages"][stream["turns"][round_index]] = {"role": "assistant", "content": text}
+    stream["regenerated_turns"] += 1
+    stats["turns_regenerated"] += 1
+    stats["new_tokens"] += len(tokens)
+
+
 def _stream_round(
     states, round_index, tokenizer: PreTrainedTokenizerBase, generate, max_prompt_length
 ) -> None:
     """Regenerate turn `round_index` of every live stream of every split (one generate call)."""
     todo, prompts = [], []
     for state in states:
-        stats, records = state["stats"], state["records"]
         for stream in state["streams"]:
-            if stream["done"] or round_index >= len(stream["turns"]):
-                continue
-            position = stream["turns"][round_index]
-            if round_index == 0:
-                ids = stream["first"]  # rendered once per conversation, shared by its samples
-            else:
-                tools = records[stream["record"]]["tools"]
-                ids = render_prompt(tokenizer, stream["messages"][: position + 1], tools)
-            if len(ids) > max_prompt_length:
-                stream["done"] = True
-                stats["turns_kept"] += len(stream["turns"]) - round_index
-                continue
-            todo.append((state, stream, position))
-            prompts.append(ids)
-    for (state, stream, position), tokens in zip(todo, generate(prompts), strict=True):
-        stats = state["stats"]
-        text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        if not text:
-            stream["done"] = True
-            stats["turns_kept"] += len(stream["turns"]) - round_index
-            continue
-        stream["messages"][position] = {"role": "assistant", "content": text}
-        stream["regenerated_turns"] += 1
-        stats["turns_regenerated"] += 1
-        stats["new_tokens"] += len(tokens)
+            ids = _turn_prompt(state, stream, round_index, tokenizer, max_prompt_length)
+            if ids is not None:
+                todo.append((state, stream))
+                prompts.append(ids)
+    for (state, stream), tokens in zip(todo, generate(prompts), strict=True):
+        _take_turn(state, stream, round_index, tokens, tokenizer)
+
+
+def regenerate_pipelined(
+    states: list[dict],
+    engines,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    sampling: dict,
+    eos_token_ids: set[int],
+    max_prompt_length: int,
+) -> None:
+    """Every stream's turns in order, each stream on its own: its next turn goes to the engines as soon
+    as its last one is back, instead of waiting for the whole round (a round ends with its slowest
+    response, and the later rounds of a few multi-turn conversations leave the engines nearly idle).
+    Same turns, prompts and counts as `regenerate_rounds`; `engines` is the job's
+    `eyas.engine.generation.GenerationEngines` (stream n on engine n mod count)."""
+    turns = 0
+
+    async def stream_turns(number: int, state: dict, stream: dict) -> None:
+        nonlocal turns
+        for round_index in range(len(stream["turns"])):
+            ids = _turn_prompt(state, stream, round_index, tokenizer, max_prompt_length)
+            if ids is None:
+                return
+            out = await engines.generate_one(number, input_ids=ids, sampling_params=sampling)
+            _take_turn(state, stream, round_index, _cut_at_eos(out["output_ids"], eos_token_ids), tokenizer)
+            turns += 1
+
+    streams = [(state, stream) for state in states for stream in state["streams"]]
+    chains = [stream_turns(n, state, stream) for n, (state, stream) in enumerate(streams)]
+    with heartbeat(log, f"regenerate: {len(streams)} streams' turns in the engines, pipelined"):
+        engines.run(_gather(chains))
+    log.info("regenerate: %d turns generated, pipelined over %d streams", turns, len(streams))
+
+
+async def _gather(chains) -> list:
+    return await asyncio.gather(*chains)
 
 
 def prepare_split(
@@ -307,8 +359,13 @@ def run_regenerate(
             engines = _generation_engines(settings, engine_settings, model_dir, trust_remote_code, splits)
             with engines:
                 states = prepared.result()
-                generate = SglangGenerator(engines, eos_token_ids={tokenizer.eos_token_id}, **sampling)
-                regenerate_rounds(states, generate, tokenizer, max_prompt_length=limit)
+                eos = {tokenizer.eos_token_id}
+                if settings.engine.pipeline_turns:
+                    regenerate_pipelined(states, engines, tokenizer, sampling=sampling, eos_token_ids=eos,
+                                         max_prompt_length=limit)  # fmt: skip
+                else:
+                    generate = SglangGenerator(engines, eos_token_ids=eos, **sampling)
+                    regenerate_rounds(states, generate, tokenizer, max_prompt_length=limit)
     else:
         torch.manual_seed(settings.seed)
         device = resolve_device(settings.device)
