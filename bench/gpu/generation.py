@@ -6,13 +6,14 @@
 Each variant is a `regenerate.engine` setting (config/config.yaml); each runs `run_regenerate` (the
 stage's own function: one job for both splits, the recipe's samples, temperature, turns and token limit)
 in a fresh process, timed from outside, so imports, engine start-up and writing count as in a pipeline
-job: `new_tokens / process_seconds` is the end-to-end rate. The first variant also records the prompts
-the stage sent in each turn round; then SGLang's own offline benchmark (`throughput_test_once` of
-`sglang.benchmark.offline_throughput`, sglang 0.5.17, the function its `python -m
-sglang.bench_offline_throughput` calls) runs those prompts, round by round, on an `Engine` built with
-the same engine args (the tokenizer on: its benchmark sends text) and the same sampling (temperature,
-`max_new_tokens`, stop at end-of-turn: `disable_ignore_eos`), also in a fresh process. Its warm-up is
-skipped (it samples ShareGPT, which needs the network); eyas's stage has none either.
+job: `new_tokens / process_seconds` is the end-to-end rate; its generate calls are also timed alone
+(`while_generating`). The first variant also records the prompts the stage sent in each turn round
+(pipelined turns too: each prompt under its turn's index); then SGLang's own offline benchmark
+(`throughput_test_once` of `sglang.benchmark.offline_throughput`, sglang 0.5.17, the function its
+`python -m sglang.bench_offline_throughput` calls) runs those prompts, round by round, on an `Engine`
+built with the same engine args (the tokenizer on: its benchmark sends text) and the same sampling
+(temperature, `max_new_tokens`, stop at end-of-turn: `disable_ignore_eos`), also in a fresh process.
+Its warm-up is skipped (it samples ShareGPT, which needs the network); eyas's stage has none either.
 
 Writes OUT/generation.json (every variant, SGLang's, the ratios, the command) and OUT/best.json (the
 `regenerate.engine` overrides of the variant that would make `--project-tokens` new tokens soonest:
@@ -35,8 +36,8 @@ from gpubench import parse_variants, run_child, run_or_child, write_json  # noqa
 
 SPLITS = ("train", "eval")
 # regenerate.engine variants (bench defaults): SGLang's own admission and graphs; every batch in decode
-# graphs (FACTS: 88.7k vs 57.2k tok/s on a fixed load); the same without prefill-graph capture; 2 and 4
-# engines (the scheduler process, not the GPU, was the bottleneck).
+# graphs (88.7k vs 57.2k tok/s on a fixed load, H200); the same without prefill-graph capture; 2 and 4
+# engines (the scheduler process, not the GPU, was the bottleneck); 4 engines with turn rounds.
 GRAPHS_1024 = {"max_running_requests": 1024, "cuda_graph_max_bs": 1024}
 NO_PREFILL = {"prefill_cuda_graph": False}
 VARIANTS = {
@@ -45,6 +46,14 @@ VARIANTS = {
     "graphs-1024-noprefill": GRAPHS_1024 | NO_PREFILL,
     "engines-2": GRAPHS_1024 | NO_PREFILL | {"engines": 2},
     "engines-4": {"max_running_requests": 512, "cuda_graph_max_bs": 512, "engines": 4} | NO_PREFILL,
+    # the same with one generate call a turn round (the stage before pipelined turns)
+    "engines-4-rounds": {
+        "max_running_requests": 512,
+        "cuda_graph_max_bs": 512,
+        "engines": 4,
+        "pipeline_turns": False,
+    }
+    | NO_PREFILL,
 }
 
 
@@ -99,31 +108,48 @@ def plan(args) -> dict:
 
 # --------------------------------------------------------------------------- child processes
 def child_eyas(args) -> None:
-    """One variant through the stage's `run_regenerate`; prompts of each round recorded if asked."""
+    """One variant through the stage's `run_regenerate`: the prompts of each turn round recorded (for
+    SGLang's benchmark, which sends them round by round) and its generate calls timed."""
     began = time.perf_counter()
     from eyas.engine import generation
     from eyas.regenerate import responses
 
     cfg, settings = load_settings(args.config, json.loads(args.variant_json))
-    rounds, round_seconds, starts = [], [], []
-    original_generate = responses.SglangGenerator.__call__
-    original_init = generation.GenerationEngines.__init__
+    rounds: dict[int, list] = {}
+    generate_seconds, starts = [], []
 
-    def recording(self, prompts):
-        rounds.append([list(p) for p in prompts])
-        t = time.perf_counter()
-        try:
-            return original_generate(self, prompts)
-        finally:
-            round_seconds.append(time.perf_counter() - t)  # the generate call alone, as SGLang's is timed
+    def timed(function):
+        def run(*a, **k):
+            t = time.perf_counter()
+            try:
+                return function(*a, **k)
+            finally:
+                generate_seconds.append(time.perf_counter() - t)  # generation alone, as SGLang's is timed
 
-    def timed_init(self, *a, **k):
-        t = time.perf_counter()
-        original_init(self, *a, **k)
-        starts.append(time.perf_counter() - t)
+        return run
 
-    responses.SglangGenerator.__call__ = recording
-    generation.GenerationEngines.__init__ = timed_init
+    def recorded(function):
+        def prompt(state, stream, round_index, *a):
+            ids = function(state, stream, round_index, *a)
+            if ids is not None:
+                rounds.setdefault(round_index, []).append(list(ids))
+            return ids
+
+        return prompt
+
+    def timed_init(original):
+        def init(self, *a, **k):
+            t = time.perf_counter()
+            original(self, *a, **k)
+            starts.append(time.perf_counter() - t)
+
+        return init
+
+    # a round's generate call, or the whole pipelined generation; every turn's prompt as it is sent
+    responses.SglangGenerator.__call__ = timed(responses.SglangGenerator.__call__)
+    responses.regenerate_pipelined = timed(responses.regenerate_pipelined)
+    responses._turn_prompt = recorded(responses._turn_prompt)
+    generation.GenerationEngines.__init__ = timed_init(generation.GenerationEngines.__init__)
     work = Path(args.work)
     splits = [(p, work / f"{p.stem}.jsonl", work / f"{p.stem}.stats.json") for p in map(Path, args.splits)]
     stage_began = time.perf_counter()
@@ -132,13 +158,15 @@ def child_eyas(args) -> None:
         max_length=cfg.tokenize.max_length,
     )  # fmt: skip
     done = time.perf_counter()
+    by_round = [rounds[i] for i in sorted(rounds)]
     if args.record_prompts:
-        Path(args.record_prompts).write_text(json.dumps(rounds))
+        Path(args.record_prompts).write_text(json.dumps(by_round))
     result = {
         "new_tokens": sum(s["new_tokens"] for s in stats), "stats": stats,
         "in_process_seconds": done - began, "stage_seconds": done - stage_began,
-        "generate_seconds": sum(round_seconds), "round_seconds": round_seconds,
-        "engine_start_seconds": starts, "round_prompts": [len(r) for r in rounds],
+        "generate_seconds": sum(generate_seconds), "generate_call_seconds": generate_seconds,
+        "engine_start_seconds": starts, "round_prompts": [len(r) for r in by_round],
+        "pipeline_turns": settings.engine.pipeline_turns,
         "engine_args": _engine_args(cfg, settings, args.model),
     }  # fmt: skip
     Path(args.result).write_text(json.dumps(result))
