@@ -267,12 +267,13 @@ class RegenerateEngineSettings:
     """`sglang`: engines started on the job's GPUs, the prompts of every round dealt among them (one
     scheduler process each: at 135M one scheduler, not the GPU, sets the rate; the GPU was 14-25% busy).
     Together they take `sglang.mem_fraction_static` of the GPU's memory, in equal shares."""
-    pipeline_turns: bool = True
+    pipeline_turns: bool = False
     """`sglang`: each conversation's next turn goes to the engines as soon as its last one is back
-    (`turns: all`), instead of the job waiting for the whole turn round: a round ends with its slowest
-    response, and the later rounds hold only the few multi-turn conversations (39 of the 120 s the
-    cut recipe's 4 engines generated for on an H100). Same prompts and counts; false: one generate
-    call a round."""
+    (`turns: all`), instead of one generate call a turn round: a round ends with its slowest response,
+    and the later rounds hold only the few multi-turn conversations (39 of the 120 s the cut recipe's
+    4 engines generated for on an H100). Same prompts and counts. Off until measured: each prompt is
+    then its own request to SGLang, not one batch a round (bench/gpu/generation.py's `engines-4` and
+    `engines-4-pipelined` compare the two)."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """`sglang`: further SGLang `ServerArgs` for generation only (e.g. `enable_mixed_chunk`,
     `max_prefill_tokens`, `schedule_policy`), over `sglang.engine_args`; keys eyas sets itself

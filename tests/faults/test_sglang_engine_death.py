@@ -262,7 +262,10 @@ def _regen_job(inputs: Path, root: Path) -> dict:
     }  # fmt: skip
 
 
-def test_scheduler_killed_mid_regeneration_fails_clearly_and_rerun_is_equal(tmp_path, regen_inputs, ledger):
+@pytest.mark.parametrize("pipeline_turns", [False, True], ids=["turn-rounds", "pipelined-turns"])
+def test_scheduler_killed_mid_regeneration_fails_clearly_and_rerun_is_equal(
+    tmp_path, regen_inputs, ledger, pipeline_turns
+):
     reference = _engine_job(_regen_job(regen_inputs, tmp_path / "reference"), tmp_path / "reference")
     assert reference["code"] == 0, reference["stderr"][-3000:]
     want = tmp_path / "reference" / "results" / "regenerated"
@@ -270,9 +273,12 @@ def test_scheduler_killed_mid_regeneration_fails_clearly_and_rerun_is_equal(tmp_
 
     job_root = tmp_path / "job"
     job = _regen_job(regen_inputs, job_root)
+    job["settings"]["engine"] = {"pipeline_turns": pipeline_turns}
     expect = "EngineDied naming the stage; no outputs; rerun equal"
-    with ledger.case("fault", "SGLang scheduler killed mid-regeneration", expect):
-        # request 2 is the second turn round: the first round's responses exist in memory only
+    how = "pipelined turns" if pipeline_turns else "turn rounds"
+    with ledger.case("fault", f"SGLang scheduler killed mid-regeneration ({how})", expect):
+        # request 2: with turn rounds the second round (the first round's responses exist in memory
+        # only); pipelined, the third prompt sent, some first turns still in flight
         run = _engine_job(job, job_root, hang="plain:2")
         _assert_died_clearly(run, f"regenerate {job['paths'][1]}", IN_USE, Path(job["log"]))
         assert list((job_root / "results" / "regenerated").iterdir()) == []  # nor a temp file

@@ -361,8 +361,8 @@ def run_regenerate(
                 states = prepared.result()
                 eos = {tokenizer.eos_token_id}
                 if settings.engine.pipeline_turns:
-                    regenerate_pipelined(states, engines, tokenizer, sampling=sampling, eos_token_ids=eos,
-                                         max_prompt_length=limit)  # fmt: skip
+                    pipelined = dict(sampling=sampling, eos_token_ids=eos, max_prompt_length=limit)
+                    regenerate_pipelined(states, engines, tokenizer, **pipelined)
                 else:
                     generate = SglangGenerator(engines, eos_token_ids=eos, **sampling)
                     regenerate_rounds(states, generate, tokenizer, max_prompt_length=limit)
