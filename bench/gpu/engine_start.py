@@ -26,8 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
 from gpubench import machine, run_child, run_or_child, write_json  # noqa: E402
 
+from eyas.engine.sglang_models import SKIP_ENV  # noqa: E402  (imports no sglang)
+
 MODES = ("all", "needed")
-SKIP_ENV = "SGLANG_DISABLED_MODEL_ARCHS"
 
 
 def child_registry(args) -> None:

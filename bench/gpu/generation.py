@@ -114,13 +114,13 @@ def child_eyas(args) -> None:
     rounds: dict[int, list] = {}
     generate_seconds, starts = [], []
 
-    def timed(function):
+    def timed(function, seconds: list):
         def run(*a, **k):
             t = time.perf_counter()
             try:
                 return function(*a, **k)
             finally:
-                generate_seconds.append(time.perf_counter() - t)  # generation alone, as SGLang's is timed
+                seconds.append(time.perf_counter() - t)
 
         return run
 
@@ -133,19 +133,12 @@ def child_eyas(args) -> None:
 
         return prompt
 
-    def timed_init(original):
-        def init(self, *a, **k):
-            t = time.perf_counter()
-            original(self, *a, **k)
-            starts.append(time.perf_counter() - t)
-
-        return init
-
-    # a round's generate call, or the whole pipelined generation; every turn's prompt as it is sent
-    responses.SglangGenerator.__call__ = timed(responses.SglangGenerator.__call__)
-    responses.regenerate_pipelined = timed(responses.regenerate_pipelined)
+    # a round's generate call, or the whole pipelined generation (generation alone, as SGLang's is
+    # timed); the engines' start; every turn's prompt as it is sent
+    responses.SglangGenerator.__call__ = timed(responses.SglangGenerator.__call__, generate_seconds)
+    responses.regenerate_pipelined = timed(responses.regenerate_pipelined, generate_seconds)
+    generation.GenerationEngines.__init__ = timed(generation.GenerationEngines.__init__, starts)
     responses._turn_prompt = recorded(responses._turn_prompt)
-    generation.GenerationEngines.__init__ = timed_init(generation.GenerationEngines.__init__)
     work = Path(args.work)
     splits = [(p, work / f"{p.stem}.jsonl", work / f"{p.stem}.stats.json") for p in map(Path, args.splits)]
     stage_began = time.perf_counter()
