@@ -87,7 +87,7 @@ class GenerationEngines:
             engine.async_generate(input_ids=[input_ids[i] for i in share], sampling_params=sampling_params)
             for engine, share in shares
         ]
-        outputs = self._run(asyncio.gather(*calls))
+        outputs = self.run(asyncio.gather(*calls))
         results: list[dict] = [{} for _ in input_ids]
         for (_, share), outs in zip(shares, outputs, strict=True):
             for i, out in zip(share, outs, strict=True):
@@ -101,14 +101,9 @@ class GenerationEngines:
         return await engine.async_generate(input_ids=input_ids, sampling_params=sampling_params)
 
     def run(self, calls):
-        """Await `calls` (a coroutine of `generate_one`s) on the engines' loop, an engine death raised
-        as `EngineDied`."""
-        return self._run(calls)
-
-    def _run(self, calls):
-        """The engines' calls on their one loop; an engine process that died fails them all with
-        `EngineDied` naming every dead process (SGLang's SIGQUIT handler, the last engine's, stops the
-        loop and kills the engines' processes)."""
+        """Await `calls` (`async_generate`s or `generate_one`s) on the engines' one loop; an engine
+        process that died fails them all with `EngineDied` naming every dead process (SGLang's SIGQUIT
+        handler, the last engine's, stops the loop and kills the engines' processes)."""
         loop = self.engines[0].loop
         try:
             return loop.run_until_complete(calls)
