@@ -37,19 +37,21 @@ from gpubench import parse_variants, run_child, run_or_child, write_json  # noqa
 SPLITS = ("train", "eval")
 # regenerate.engine variants (bench defaults): SGLang's own admission and graphs; every batch in decode
 # graphs (88.7k vs 57.2k tok/s on a fixed load, H200); the same without prefill-graph capture; 2 and 4
-# engines (the scheduler process, not the GPU, was the bottleneck); 4 engines with pipelined turns.
+# engines (the scheduler process, not the GPU, was the bottleneck); 4 engines with pipelined turns, and
+# 4 engines started together.
 GRAPHS_1024 = {"max_running_requests": 1024, "cuda_graph_max_bs": 1024}
 NO_PREFILL = {"prefill_cuda_graph": False}
+ENGINES_4 = {"max_running_requests": 512, "cuda_graph_max_bs": 512, "engines": 4} | NO_PREFILL
 VARIANTS = {
     "sglang-defaults": {},
     "graphs-1024": GRAPHS_1024,
     "graphs-1024-noprefill": GRAPHS_1024 | NO_PREFILL,
     "engines-2": GRAPHS_1024 | NO_PREFILL | {"engines": 2},
-    "engines-4": {"max_running_requests": 512, "cuda_graph_max_bs": 512, "engines": 4} | NO_PREFILL,
+    "engines-4": ENGINES_4,
     # the same with each conversation's next turn sent when its last is back, not per turn round
-    "engines-4-pipelined": {"max_running_requests": 512, "cuda_graph_max_bs": 512, "engines": 4}
-    | NO_PREFILL
-    | {"pipeline_turns": True},
+    "engines-4-pipelined": ENGINES_4 | {"pipeline_turns": True},
+    # the same with the engines started at once, their GPU work in turns
+    "engines-4-together": ENGINES_4 | {"start_together": True},
 }
 
 

@@ -274,6 +274,11 @@ class RegenerateEngineSettings:
     4 engines generated for on an H100). Same prompts and counts. Off until measured: each prompt is
     then its own request to SGLang, not one batch a round (bench/gpu/generation.py's `engines-4` and
     `engines-4-pipelined` compare the two)."""
+    start_together: bool = False
+    """`sglang`, `engines` > 1: start every engine at once, each one's GPU work (weights, memory
+    sizing, graph capture) after the one before it is ready, instead of one engine after the other: an
+    engine's start is mostly its scheduler process importing SGLang (~29 of ~37 s on an H100), which then
+    overlaps. Off until measured (bench/gpu/generation.py's `engines-4-together`)."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """`sglang`: further SGLang `ServerArgs` for generation only (e.g. `enable_mixed_chunk`,
     `max_prefill_tokens`, `schedule_policy`), over `sglang.engine_args`; keys eyas sets itself

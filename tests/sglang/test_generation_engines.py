@@ -74,9 +74,13 @@ def test_engines_started_in_turn_take_equal_shares_of_the_memory(count):
     assert taken == pytest.approx([0.5 / count] * count) and free == pytest.approx(0.5)
 
 
-def _job(inputs: Path, root: Path, engines: int, pipeline_turns: bool = True) -> dict:
+def _job(inputs: Path, root: Path, engines: int, pipeline_turns: bool = True, together: bool = False) -> dict:
     job = death._regen_job(inputs, root)
-    job["settings"]["engine"] = {"engines": engines, "pipeline_turns": pipeline_turns}
+    job["settings"]["engine"] = {
+        "engines": engines,
+        "pipeline_turns": pipeline_turns,
+        "start_together": together,
+    }
     return job
 
 
@@ -84,13 +88,21 @@ def test_two_engines_write_what_one_engine_writes(tmp_path, regen_inputs):
     """Through the real `Engine` front end (`async_generate` per turn, pipelined), and the same with one
     generate call a turn round: the stood-in schedulers answer as a function of the prompt, so every
     way of sending the same prompts writes the same bytes."""
-    runs = {"one": (1, True), "two": (2, True), "rounds": (2, False)}
-    for name, (engines, pipeline) in runs.items():
-        out = death._engine_job(_job(regen_inputs, tmp_path / name, engines, pipeline), tmp_path / name)
+    runs = {
+        "one": (1, True, False),
+        "two": (2, True, False),
+        "rounds": (2, False, False),
+        "together": (3, True, True),
+    }
+    for name, (engines, pipeline, together) in runs.items():
+        job = _job(regen_inputs, tmp_path / name, engines, pipeline, together)
+        out = death._engine_job(job, tmp_path / name)
         assert out["code"] == 0, (name, out["stderr"][-2000:])
+    log = (tmp_path / "together" / "regenerate.log").read_text()
+    assert re.search(r"3 engines started together in [0-9.]+ s", log), log[-2000:]
     for name in ("train.jsonl", "train.stats.json"):
         want = (tmp_path / "one" / "results" / "regenerated" / name).read_bytes()
-        for run in ("two", "rounds"):
+        for run in ("two", "rounds", "together"):
             assert (tmp_path / run / "results" / "regenerated" / name).read_bytes() == want, (run, name)
     assert json.loads(want)["turns_regenerated"] == 12
 
@@ -106,6 +118,24 @@ def test_a_scheduler_killed_among_two_engines_fails_the_job_clearly(tmp_path, re
         rf"eyas\.engine\.sglang\.EngineDied: {stage}: the SGLang engine died: .*{what}.*", last
     ), last
     assert list((tmp_path / "results" / "regenerated").iterdir()) == []
+    death._engine_processes_gone(tmp_path)
+
+
+@pytest.mark.parametrize("fail", ["plain:0", "hang"])
+def test_a_scheduler_failing_as_engines_start_together_fails_the_job_clearly(tmp_path, regen_inputs, fail):
+    """A scheduler that fails as it starts (SGLang's way: SIGQUIT to the job, then exit) or is killed
+    before it is ready, while two engines start together: the job ends with `EngineDied`, no output,
+    and no engine process left (the other engine's scheduler was waiting for its turn or working)."""
+    job = _job(regen_inputs, tmp_path, 2, together=True)
+    run = death._engine_job(job, tmp_path, **({"hang": "plain:0"} if fail == "hang" else {"fail": fail}))
+    assert run["code"] == 1, run["stderr"][-3000:]
+    last = run["stderr"].strip().splitlines()[-1]
+    stage = re.escape(f"regenerate {job['paths'][1]}")
+    assert re.fullmatch(
+        rf"eyas\.engine\.sglang\.EngineDied: {stage}: the SGLang engine died: it did not start: .*", last
+    ), last
+    assert list((tmp_path / "results" / "regenerated").iterdir()) == []
+    assert death._eyas_temp_files(tmp_path) == []
     death._engine_processes_gone(tmp_path)
 
 

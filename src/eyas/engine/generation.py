@@ -5,10 +5,11 @@ prompts too), so a job pays for one start-up, not one per split or stage.
 Why several: at a small target one engine's scheduler process, not the GPU, sets the rate (SmolLM2 on an
 H200: the GPU was 14-25% busy while one engine regenerated), and SGLang's `dp_size` places each replica
 on a GPU of its own (`gpu_id_step` >= 1, sglang 0.5.17 `server_args.py`). `GenerationEngines` starts
-`count` engines one after the other, each with an equal share of the memory (`memory_shares`), all on
-the first engine's event loop, and deals each call's prompts among them, prompt i to engine i mod
-count: their `async_generate` calls run together on that loop in the job's main thread (the engines'
-schedulers are processes of their own).
+`count` engines, each with an equal share of the memory (`memory_shares`), one after the other or
+(`together`) all at once with their GPU work in turns (`eyas.engine.start_turns`: the imports overlap,
+the memory is measured as one after the other), all on the first engine's event loop, and deals each
+call's prompts among them, prompt i to engine i mod count: their `async_generate` calls run together on
+that loop in the job's main thread (the engines' schedulers are processes of their own).
 One engine is called exactly as before.
 
 An engine process that dies while several engines work: SGLang's watchdog sends the job SIGQUIT, whose
@@ -21,9 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 
-from eyas.engine.sglang import SOME_PROCESS, EngineDied, dead_processes, death_message, start_engine
+from eyas.engine.sglang import (
+    SOME_PROCESS,
+    EngineDied,
+    dead_processes,
+    death_message,
+    start_engine,
+)
+from eyas.engine.sglang_models import only_needed_models
+from eyas.engine.start_turns import StartTurn
 
 log = logging.getLogger("eyas.generation")
 
@@ -38,6 +50,10 @@ def memory_shares(fraction: float, count: int) -> list[float]:
     return [share / (1 - index * share) for index in range(count)]
 
 
+def _sigquit_while_starting_together(signum=None, frame=None) -> None:
+    log.warning("an engine process failed as the engines started: its engine's start reports it")
+
+
 def deal(prompts: list, count: int) -> list[list[int]]:
     """Indices of `prompts` per engine: prompt i to engine i mod count (equal counts, mixed lengths)."""
     return [list(range(e, len(prompts), count)) for e in range(count)]
@@ -47,22 +63,66 @@ class GenerationEngines:
     """`count` engines of `args` (one `EyasEngine` each), called as one engine: `generate(input_ids=...,
     sampling_params=...)`. A context manager: the engines stop on exit."""
 
-    def __init__(self, args: dict, *, count: int, stage: str, start=start_engine):
+    def __init__(self, args: dict, *, count: int, stage: str, start=start_engine, together: bool = False):
         if count < 1:
             raise ValueError(f"regenerate.engine.engines: {count} must be >= 1")
         self.stage, self.engines = stage, []
         shares = memory_shares(args["mem_fraction_static"], count)
         try:
-            for index, share in enumerate(shares):
-                began = time.perf_counter()
-                loop = self.engines[0].loop if self.engines else None
-                engine_args = args | {"mem_fraction_static": share}
-                self.engines.append(start(engine_args, speculative=False, stage=stage, loop=loop))
-                log.info("%s: engine %d / %d started in %.1f s", stage, index + 1, count,
-                         time.perf_counter() - began)  # fmt: skip
+            if together and count > 1:
+                self._start_together(args, shares, start)
+            else:
+                self._start_in_turn(args, shares, start)
         except BaseException:
             self.shutdown()
             raise
+
+    def _start_in_turn(self, args: dict, shares: list[float], start) -> None:
+        """One engine after the other, each on the first engine's loop."""
+        for index, share in enumerate(shares):
+            began = time.perf_counter()
+            loop = self.engines[0].loop if self.engines else None
+            engine_args = args | {"mem_fraction_static": share}
+            self.engines.append(start(engine_args, speculative=False, stage=self.stage, loop=loop))
+            log.info("%s: engine %d / %d started in %.1f s", self.stage, index + 1, len(shares),
+                     time.perf_counter() - began)  # fmt: skip
+
+    def _start_together(self, args: dict, shares: list[float], start) -> None:
+        """Every engine's processes at once, each engine's GPU work in its turn
+        (`eyas.engine.start_turns`): a thread per engine waits for its start, and the engines are then
+        attached to the first one's loop here, in the main thread. A scheduler that fails as it starts
+        sends the job SIGQUIT; SGLang installs no handler for an engine started outside the main
+        thread, and none is needed: that engine's thread sees its scheduler gone and fails its start
+        (`EngineDied`), stopping every engine's processes, so the others' starts fail too."""
+        began = time.perf_counter()
+        signal.signal(signal.SIGQUIT, _sigquit_while_starting_together)
+        futures = []
+        # one model-module scan for all (each thread's own would set and restore the variable in turn)
+        with (
+            only_needed_models([args["model_path"]]),
+            tempfile.TemporaryDirectory(prefix="eyas-turns-") as folder,
+        ):
+            pool = ThreadPoolExecutor(len(shares), thread_name_prefix="engine-start")
+            try:
+                for index, share in enumerate(shares):
+                    engine_args = args | {"mem_fraction_static": share}
+                    turn = StartTurn(folder, index)
+                    futures.append(pool.submit(
+                        start, engine_args, speculative=False, stage=self.stage, turn=turn, attach=False
+                    ))  # fmt: skip
+            finally:
+                wait(futures)
+                pool.shutdown()
+        self.engines = [f.result() for f in futures if f.exception() is None]  # stopped if one failed
+        failed = [(i, f.exception()) for i, f in enumerate(futures) if f.exception() is not None]
+        for index, err in failed[1:]:  # the first is raised; one engine's failure stops the others
+            log.error("%s: engine %d / %d did not start either: %s", self.stage, index + 1, len(shares), err)
+        if failed:
+            raise failed[0][1]
+        for engine in self.engines:
+            engine.attach(self.engines[0].loop)
+        log.info("%s: %d engines started together in %.1f s", self.stage, len(shares),
+                 time.perf_counter() - began)  # fmt: skip
 
     def __enter__(self):
         return self

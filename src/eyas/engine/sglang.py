@@ -19,11 +19,13 @@ import asyncio
 import functools
 import logging
 import os
+import threading
 
 from eyas.core.logs import child_stage_logging, keep_stage_logging
 from eyas.engine import sglang_draft_swap
 from eyas.engine.sglang_args import check_tested, server_arg_names
 from eyas.engine.sglang_models import only_needed_models
+from eyas.engine.start_turns import StartTurn, in_turn
 
 log = logging.getLogger("eyas.sglang")
 
@@ -119,6 +121,26 @@ def _sigquit_while_starting(stage: str, signum=None, frame=None) -> None:
     )
 
 
+# The job-process part of an engine's start, but for its wait for the schedulers, runs under this lock:
+# engines started together from threads (`eyas.engine.generation`) would otherwise race on what SGLang
+# keeps process-wide (0.5.23 publishes each engine's ServerArgs as it starts and its tokenizer manager
+# checks the published one: `runtime_context.publish`). Their schedulers start and load meanwhile.
+_LAUNCH = threading.Lock()
+
+
+def _outside_launch_lock(wait_for_ready):
+    """An engine's wait for its schedulers, run with `_LAUNCH` released."""
+
+    def wait():
+        _LAUNCH.release()
+        try:
+            return wait_for_ready()
+        finally:
+            _LAUNCH.acquire()
+
+    return wait
+
+
 def engine_class():
     """`sglang.Engine` that raises `EngineDied` when one of its processes dies as it starts or later,
     during a call."""
@@ -128,16 +150,22 @@ def engine_class():
     handler = _death_handler_class()
 
     class EyasEngine(Engine):
-        def __init__(self, *, stage: str, loop=None, **kwargs):
+        def __init__(
+            self, *, stage: str, loop=None, turn: StartTurn | None = None, attach: bool = True, **kwargs
+        ):
             self.stage, self.died = stage, None
             # SGLang launches its processes with these (`Engine._launch_subprocesses`; a release
             # without one of them launches that process its own way, outside the stage's log).
             for name in ("run_scheduler_process_func", "run_detokenizer_process_func"):
                 if hasattr(self, name):
-                    setattr(self, name, functools.partial(in_stage_log, getattr(self, name)))
+                    func = getattr(self, name)
+                    if turn is not None and name == "run_scheduler_process_func":
+                        func = functools.partial(in_turn, turn, func)  # GPU work in its turn
+                    setattr(self, name, functools.partial(in_stage_log, func))
             quit_handler = functools.partial(_sigquit_while_starting, stage)
             try:
-                super().__init__(**kwargs, custom_sigquit_handler=quit_handler)
+                with _LAUNCH:
+                    super().__init__(**kwargs, custom_sigquit_handler=quit_handler)
             except EngineDied:
                 kill_process_tree(os.getpid(), include_parent=False)
                 raise
@@ -148,6 +176,19 @@ def engine_class():
                 kill_process_tree(os.getpid(), include_parent=False)
                 raise EngineDied(death_message(stage, f"it did not start: {err}")) from err
             keep_stage_logging()  # SGLang's configure_logger reset the root logger as it started
+            if attach:
+                self.attach(loop)
+
+        @classmethod
+        def _launch_scheduler_processes(cls, *args, **kwargs):
+            # SGLang's hook for other launchers (Ray): the same launch, its wait outside `_LAUNCH`
+            result, processes = super()._launch_scheduler_processes(*args, **kwargs)
+            result.wait_for_ready = _outside_launch_lock(result.wait_for_ready)
+            return result, processes
+
+        def attach(self, loop=None) -> None:
+            """Ready the engine for calls on `loop` (default its own), in the job's main thread: an
+            engine started in another thread (`attach=False`) is attached once it has started."""
             if loop is not None:
                 # Several engines of one job share one event loop, so their calls can run together
                 # (`eyas.engine.generation`): sglang 0.5.17 makes each engine a new loop, 0.5.23 reuses
@@ -206,10 +247,19 @@ def draft_swap_engine_class():
     return DraftSwapEngine
 
 
-def start_engine(args: dict, *, speculative: bool, stage: str, loop=None):
+def start_engine(
+    args: dict,
+    *,
+    speculative: bool,
+    stage: str,
+    loop=None,
+    turn: StartTurn | None = None,
+    attach: bool = True,
+):
     """A running engine for `args` (checked against the installed ServerArgs first); `stage` names
     the job in the error raised when the engine dies; `loop`: the event loop it runs its calls on (by
-    default its own)."""
+    default its own). Engines started together from threads (`eyas.engine.generation`) each take a
+    `turn` (`eyas.engine.start_turns`) and `attach=False`: they are attached in the main thread."""
     import sglang
 
     check_tested(sglang.__version__, "sglang engine")
@@ -222,4 +272,4 @@ def start_engine(args: dict, *, speculative: bool, stage: str, loop=None):
     models = [args["model_path"], *filter(None, [args.get("speculative_draft_model_path")])]
     drafters = sglang_draft_swap.EAGLE3_DRAFT_ARCHS if speculative else ()  # select may swap either
     with only_needed_models(models, drafters):
-        return cls(stage=stage, loop=loop, **args)
+        return cls(stage=stage, loop=loop, turn=turn, attach=attach, **args)

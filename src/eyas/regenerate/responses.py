@@ -392,4 +392,6 @@ def _generation_engines(settings, engine_settings, model_dir, trust_remote_code,
         base | user_engine_args(engine_settings.engine_args, None), settings.seed, settings.engine
     )
     stage = "regenerate " + ", ".join(os.fspath(out) for _, out, _ in splits)
-    return GenerationEngines(args, count=settings.engine.engines, stage=stage)
+    return GenerationEngines(
+        args, count=settings.engine.engines, stage=stage, together=settings.engine.start_together
+    )

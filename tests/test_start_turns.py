@@ -1,0 +1,167 @@
+"""Engines started together (`regenerate.engine.start_together`): every scheduler process starts at once,
+and its GPU work waits for its turn (`eyas.engine.start_turns`); `GenerationEngines` starts them from
+threads, gives each its turn and share of the memory, and attaches them to one loop in the main thread.
+The real `Engine` front end started so is tested in tests/sglang/test_generation_engines.py."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from eyas.engine.generation import GenerationEngines, memory_shares
+from eyas.engine.start_turns import ReadyPipe, StartTurn, in_turn
+
+SPAWN = mp.get_context("spawn")  # as SGLang starts its scheduler processes
+
+
+def _scheduler(log: str, name: str, pipe_writer, hold: float) -> None:
+    """A scheduler's stand-in: its 'GPU work' (held `hold` s) logged as begin/end, then the ready info."""
+    with open(log, "a") as fh:
+        fh.write(f"begin {name}\n")
+    time.sleep(hold)
+    with open(log, "a") as fh:
+        fh.write(f"end {name}\n")
+    pipe_writer.send({"status": "ready", "name": name})
+
+
+def _start(folder: Path, log: Path, index: int, hold: float):
+    reader, writer = SPAWN.Pipe(duplex=False)
+    turn = StartTurn(str(folder), index)
+    proc = SPAWN.Process(target=in_turn, args=(turn, _scheduler, str(log), f"engine{index}", writer, hold))
+    proc.start()
+    return proc, reader
+
+
+def test_schedulers_started_at_once_do_their_gpu_work_one_after_another(tmp_path):
+    log = tmp_path / "log"
+    # started last first, so any order but the turns' would show
+    started = [_start(tmp_path, log, index, hold=0.3) for index in (2, 1, 0)]
+    infos = [reader.recv() for _, reader in started]
+    for proc, _ in started:
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+    assert sorted(info["name"] for info in infos) == ["engine0", "engine1", "engine2"]
+    lines = log.read_text().split()
+    assert lines == ["begin", "engine0", "end", "engine0", "begin", "engine1", "end", "engine1",
+                     "begin", "engine2", "end", "engine2"]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.glob("ready-*")) == ["ready-0", "ready-1", "ready-2"]
+
+
+def test_a_turn_ends_at_the_first_message_on_the_ready_pipe(tmp_path):
+    reader, writer = SPAWN.Pipe(duplex=False)
+    turn = StartTurn(str(tmp_path), 0)
+    pipe = ReadyPipe(writer, turn)
+    assert not turn.marker(0).exists()
+    pipe.send({"status": "failed"})  # a failure status ends it as the ready info does
+    assert turn.marker(0).exists() and reader.recv() == {"status": "failed"}
+    assert pipe.closed is False  # the rest is the pipe's own
+
+
+def test_in_turn_needs_exactly_one_ready_pipe(tmp_path):
+    with pytest.raises(TypeError, match="expected one ready pipe among the scheduler's arguments, found 0"):
+        in_turn(StartTurn(str(tmp_path), 0), print, "no pipe")
+
+
+def _orphan_parent(folder: str, pid_file: str) -> None:
+    """A job that starts engine 1's scheduler (whose turn never comes) and is then gone."""
+    reader, writer = SPAWN.Pipe(duplex=False)
+    proc = SPAWN.Process(target=in_turn, args=(StartTurn(folder, 1), _scheduler, os.devnull, "e1", writer, 0))
+    proc.start()
+    Path(pid_file).write_text(str(proc.pid))
+    os._exit(0)  # killed: no cleanup of its children
+
+
+def _alive(process) -> bool:
+    """Running (an exited process whose new parent has not reaped it yet is a zombie)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_waiting_scheduler_exits_when_its_job_is_gone(tmp_path):
+    pid_file = tmp_path / "pid"
+    job = SPAWN.Process(target=_orphan_parent, args=(str(tmp_path), str(pid_file)))
+    job.start()
+    job.join(timeout=60)
+    scheduler = psutil.Process(int(pid_file.read_text()))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(scheduler):
+        time.sleep(0.1)
+    if _alive(scheduler):
+        scheduler.kill()
+        pytest.fail("the orphaned scheduler kept waiting for its turn")
+    assert not (tmp_path / "ready-1").exists()
+
+
+class FakeEngine:
+    def __init__(self, args: dict, turn: StartTurn):
+        self.args, self.turn, self.loop = args, turn, object()
+        self.attached_to, self.stopped = None, False
+        self.thread = threading.current_thread()
+
+    def attach(self, loop=None) -> None:
+        self.attached_to = (loop, threading.current_thread())
+
+    def shutdown(self) -> None:
+        self.stopped = True
+
+
+@pytest.fixture()
+def model_dir(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    return str(tmp_path)
+
+
+def test_engines_started_together_take_their_turns_shares_and_one_loop(model_dir):
+    started = []
+
+    def start(args, *, speculative, stage, turn, attach, **_):
+        assert not speculative and not attach and stage == "test"
+        engine = FakeEngine(args, turn)
+        started.append(engine)
+        return engine
+
+    args = {"mem_fraction_static": 0.5, "model_path": model_dir}
+    engines = GenerationEngines(args, count=4, stage="test", start=start, together=True)
+    by_turn = sorted(engines.engines, key=lambda e: e.turn.index)
+    assert engines.engines == by_turn and [e.turn.index for e in by_turn] == [0, 1, 2, 3]
+    assert [e.args["mem_fraction_static"] for e in by_turn] == memory_shares(0.5, 4)
+    assert len({e.turn.folder for e in by_turn}) == 1 and not Path(by_turn[0].turn.folder).exists()
+    main = threading.main_thread()
+    assert all(e.thread is not main for e in by_turn)  # started from threads ...
+    assert all(e.attached_to == (by_turn[0].loop, main) for e in by_turn)  # ... attached in the main one
+
+
+def test_one_engine_failing_to_start_together_stops_the_others(model_dir):
+    engines = []
+
+    def start(args, *, turn, **_):
+        if turn.index == 1:
+            raise RuntimeError("engine 1 did not start")
+        engines.append(FakeEngine(args, turn))
+        return engines[-1]
+
+    args = {"mem_fraction_static": 0.5, "model_path": model_dir}
+    with pytest.raises(RuntimeError, match="engine 1 did not start"):
+        GenerationEngines(args, count=3, stage="test", start=start, together=True)
+    assert len(engines) == 2 and all(e.stopped for e in engines)
+    assert all(e.attached_to is None for e in engines)
+
+
+def test_one_engine_is_started_as_before_when_together(model_dir):
+    calls = []
+
+    def start(args, **kwargs):
+        calls.append(kwargs)
+        return FakeEngine(args, None)
+
+    GenerationEngines({"mem_fraction_static": 0.5, "model_path": model_dir}, count=1, stage="t", start=start,
+                      together=True)  # fmt: skip
+    assert calls == [{"speculative": False, "stage": "t", "loop": None}]
