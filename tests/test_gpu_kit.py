@@ -187,6 +187,32 @@ def test_run_script_dry_curve_plans_the_sweep_and_its_plot(tmp_path):
     assert _bash("run_recipe.sh", "--dry", "wait-curve", tmp_path / "run").returncode == 2
 
 
+def test_sweep_plan_trains_every_variant_on_the_runs_stores(tmp_path):
+    variants = ['tb8k-100={"token_budget": 8192}', 'tb8k-50={"token_budget": 8192, "data_fraction": 0.5}']
+    plan = campaign.sweep_plan(tmp_path / "run", ROOT, "config/gpu-smollm2.yaml", variants)
+    results = str((tmp_path / "run").resolve() / "results")
+    assert plan["variants"] == [
+        {"name": "tb8k-100", "run": results, "train": {"token_budget": 8192}},
+        {"name": "tb8k-50", "run": results, "train": {"token_budget": 8192, "data_fraction": 0.5}},
+    ]
+    assert plan["configs"][1] == str(ROOT / "config" / "gpu-smollm2.yaml")
+    bad = {"NAME=JSON": ["tb8k"], "not a JSON object": ["a=[1]"], "must differ": ["a={}", "a={}"]}
+    for error, variants in bad.items():
+        with pytest.raises(ValueError, match=error):
+            campaign.sweep_plan(tmp_path / "run", ROOT, "config/gpu-smollm2.yaml", variants)
+
+
+def test_run_script_dry_sweep_plans_the_variants(tmp_path):
+    run = tmp_path / "run"
+    out = _bash(
+        "run_recipe.sh", "--dry", "sweep", run, 'a-100={"lr": 0.001}', env={"EYAS_CODE": str(tmp_path / "c")}
+    )
+    assert out.returncode == 0, out.stderr
+    assert "campaign.py sweep-plan" in out.stdout and """--variant a-100={"lr": 0.001}""" in out.stdout
+    assert "recipe_sweep.py --plan" in out.stdout and f"--workdir {run}/curve/work" in out.stdout
+    assert _bash("run_recipe.sh", "--dry", "sweep", run).returncode == 2  # no variant
+
+
 def test_prepare_waits_for_snakemake_itself_and_records_its_pid(tmp_path):
     """`prepare` (and `wait`) follow the pid in RUN/NAME.pid: it must be Snakemake's own, not that of the
     setsid wrapper, which ends at once where setsid forks: it does under job control (`bash -m`, as the

@@ -120,6 +120,17 @@ def usage(csv: Path, log: Path | None, min_gap: float) -> dict:
             "idle_gaps": gaps, "idle_seconds_in_gaps": sum(g["seconds"] for g in gaps)}  # fmt: skip
 
 
+def _plan(run: Path, code: Path, config_file: str, about: str, variants: list[dict]) -> dict:
+    """recipe_sweep's plan over `run` (its stores and held-out prompts): the recipe's own evaluate
+    settings (k, prompts, tokens), `variants` trained or taken as given."""
+    return {
+        "about": about,
+        "configs": [str(code / "config" / "config.yaml"), str(code / config_file)],
+        "heldout": str(run.resolve() / "results" / "prepared" / "eval.jsonl"),
+        "variants": variants,
+    }
+
+
 def curve_plan(run: Path, code: Path, config_file: str, percents: list[int]) -> dict:
     """recipe_sweep's plan for the curve of `run` (its stores, drafter and held-out prompts)."""
     if not all(0 < p < 100 for p in percents):
@@ -129,12 +140,26 @@ def curve_plan(run: Path, code: Path, config_file: str, percents: list[int]) -> 
     variants += [
         {"name": f"regen-{p}", "run": str(results), "train": {"data_fraction": p / 100}} for p in percents
     ]
-    return {
-        "about": f"tau against data of the run {run}: its drafter and drafters on nested subsets of its data",
-        "configs": [str(code / "config" / "config.yaml"), str(code / config_file)],
-        "heldout": str(results / "prepared" / "eval.jsonl"),
-        "variants": variants,  # the evaluate settings (k, prompts, tokens) are the recipe's own
-    }
+    about = f"tau against data of the run {run}: its drafter and drafters on nested subsets of its data"
+    return _plan(run, code, config_file, about, variants)
+
+
+def sweep_plan(run: Path, code: Path, config_file: str, variants: list[str]) -> dict:
+    """recipe_sweep's plan training every `NAME=JSON` variant (`train` settings over the recipe's) on the
+    stores of `run`, which need no trained drafter (e.g. a run stopped before `train`). Name them
+    `<series>-<percent>` (with `data_fraction` = percent / 100) and plot_tau_vs_data.py plots them."""
+    planned = []
+    for text in variants:
+        name, sep, overrides = text.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--variant {text!r}: give NAME=JSON (train settings)")
+        train = json.loads(overrides)
+        if not isinstance(train, dict):
+            raise ValueError(f"--variant {name}: {overrides!r} is not a JSON object of train settings")
+        planned.append({"name": name, "run": str(run.resolve() / "results"), "train": train})
+    if len({v["name"] for v in planned}) != len(planned):
+        raise ValueError(f"--variant: names must differ, got {[v['name'] for v in planned]}")
+    return _plan(run, code, config_file, f"training settings on the stores of the run {run}", planned)
 
 
 def main(argv=None) -> None:
@@ -154,9 +179,18 @@ def main(argv=None) -> None:
     cp.add_argument("--config-file", default="config/gpu-smollm2.yaml")
     cp.add_argument("--percent", type=int, nargs="+", default=[50, 25])
     cp.add_argument("--out", type=Path)
+    sp = sub.add_parser("sweep-plan")
+    sp.add_argument("run", type=Path)
+    sp.add_argument("--code", type=Path, required=True, help="the checkout the recipe ran from")
+    sp.add_argument("--config-file", default="config/gpu-smollm2.yaml")
+    sp.add_argument("--variant", nargs="+", required=True, help="NAME=JSON: train settings over the recipe's")
+    sp.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.what == "curve-plan":
         result = curve_plan(args.run, args.code, args.config_file, args.percent)
+        print(json.dumps(result, indent=1))
+    elif args.what == "sweep-plan":
+        result = sweep_plan(args.run, args.code, args.config_file, args.variant)
         print(json.dumps(result, indent=1))
     elif args.what == "status":
         result = status(args.run)

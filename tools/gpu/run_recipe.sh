@@ -14,8 +14,11 @@
 #   bash tools/gpu/run_recipe.sh curve RUN [PERCENT...]  after the recipe: the tau-vs-data curve in the
 #                                                       background (bench/studies/recipe_sweep.py: drafters
 #                                                       on PERCENT% (default 50 25) of the run's data, all served)
-#   bash tools/gpu/run_recipe.sh wait-curve RUN SECONDS until the curve ends or SECONDS pass: its report and
-#                                                       plot (bench/studies/plot_tau_vs_data.py) into $OUT
+#   bash tools/gpu/run_recipe.sh sweep RUN NAME=JSON... training settings compared on the run's stores (a run
+#                                                       stopped before train will do: `start RUN -- --omit-from
+#                                                       train`), each drafter trained and all served, as curve
+#   bash tools/gpu/run_recipe.sh wait-curve RUN SECONDS until the curve (or sweep) ends or SECONDS pass: its
+#                                                       report and plot (bench/studies/plot_tau_vs_data.py) into $OUT
 #   bash tools/gpu/run_recipe.sh bench-generation RUN [ARGS...]   bench/gpu/generation.py --out $OUT/generation
 #   bash tools/gpu/run_recipe.sh bench-extraction RUN [ARGS...]   bench/gpu/extraction.py --out $OUT/extraction
 #   bash tools/gpu/run_recipe.sh bench-start RUN [ARGS...]        bench/gpu/engine_start.py --out $OUT/start
@@ -35,7 +38,7 @@ CODE=${EYAS_CODE:-/root/eyas}
 CONFIG_FILE=${EYAS_RECIPE_CONFIG:-config/gpu-smollm2.yaml}
 DRY=0
 if [[ ${1:-} == --dry ]]; then DRY=1; shift; fi
-usage() { sed -n '2,27p' "$0" >&2; exit 2; }
+usage() { sed -n '2,30p' "$0" >&2; exit 2; }
 (($# >= 1)) || usage
 step=$1; shift
 export PYTHONPATH="$CODE/src:$KIT/site:$KIT/tools" EYAS_CACHE="$KIT/cache" PYTHONUNBUFFERED=1
@@ -168,6 +171,20 @@ case $step in
     say mkdir -p "$run/curve"
     say python3 "$CODE/tools/gpu/campaign.py" curve-plan "$run" --code "$CODE" --config-file "$CONFIG_FILE" \
       ${1:+--percent "$@"} --out "$run/curve/plan.json"
+    cmd=(python3 "$CODE/bench/studies/recipe_sweep.py" --plan "$run/curve/plan.json" --model "$run/results/assets/model"
+      --out "$run/curve/recipe-curve.json" --workdir "$run/curve/work")
+    if ((DRY)); then echo "would: setsid ${cmd[*]} > $run/curve.out"; else
+      in_background "$run/curve.pid" "$run/curve.out" "${cmd[@]}"
+      sleep 5; tail -3 "$run/curve.out"
+    fi
+    ;;
+  sweep)
+    need_run "${1:-}"; run=$1; shift; copy_code
+    (($# >= 1)) || { echo "run_recipe sweep: give the variants, NAME=JSON (train settings) each" >&2; exit 2; }
+    [[ -f $run/config-file ]] && CONFIG_FILE=$(cat "$run/config-file")  # the run's own recipe
+    say mkdir -p "$run/curve"
+    say python3 "$CODE/tools/gpu/campaign.py" sweep-plan "$run" --code "$CODE" --config-file "$CONFIG_FILE" \
+      --variant "$@" --out "$run/curve/plan.json"
     cmd=(python3 "$CODE/bench/studies/recipe_sweep.py" --plan "$run/curve/plan.json" --model "$run/results/assets/model"
       --out "$run/curve/recipe-curve.json" --workdir "$run/curve/work")
     if ((DRY)); then echo "would: setsid ${cmd[*]} > $run/curve.out"; else
