@@ -213,6 +213,18 @@ def test_run_script_dry_sweep_plans_the_variants(tmp_path):
     assert _bash("run_recipe.sh", "--dry", "sweep", run).returncode == 2  # no variant
 
 
+def test_disk_step_measures_write_and_reads_and_leaves_nothing(tmp_path):
+    out = _bash("run_recipe.sh", "disk", tmp_path, "8", env={"OUT": str(tmp_path / "out")})
+    if out.returncode and "Invalid argument" in out.stderr:
+        pytest.skip(f"{tmp_path}'s file system takes no direct I/O")
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "out" / "disk.json").read_text())
+    assert result["dir"] == str(tmp_path) and result["mib"] == 8
+    assert all(result[k] > 0 for k in ("write_mb_s", "read_direct_mb_s", "read_cached_mb_s"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the test file is removed
+    assert _bash("run_recipe.sh", "disk", tmp_path, "0").returncode == 2
+
+
 def test_prepare_waits_for_snakemake_itself_and_records_its_pid(tmp_path):
     """`prepare` (and `wait`) follow the pid in RUN/NAME.pid: it must be Snakemake's own, not that of the
     setsid wrapper, which ends at once where setsid forks: it does under job control (`bash -m`, as the

@@ -24,6 +24,8 @@
 #   bash tools/gpu/run_recipe.sh bench-start RUN [ARGS...]        bench/gpu/engine_start.py --out $OUT/start
 #   bash tools/gpu/run_recipe.sh bench-train [ARGS...]     bench/train_profile.py (a trainer step's launches
 #                                                       against device time) into $OUT/train-profile.json
+#   bash tools/gpu/run_recipe.sh disk [DIR] [MIB]      the disk's write and read MB/s (direct I/O) and cached read,
+#                                                       into $OUT/disk.json (default /root, 2048 MiB)
 #   bash tools/gpu/run_recipe.sh kimi [ARGS...]         bench/gpu/kimi_wrapped.py (issue 28's wrapped target) from
 #                                                       this checkout; its JSON into $OUT
 #
@@ -38,7 +40,7 @@ CODE=${EYAS_CODE:-/root/eyas}
 CONFIG_FILE=${EYAS_RECIPE_CONFIG:-config/gpu-smollm2.yaml}
 DRY=0
 if [[ ${1:-} == --dry ]]; then DRY=1; shift; fi
-usage() { sed -n '2,30p' "$0" >&2; exit 2; }
+usage() { sed -n '2,32p' "$0" >&2; exit 2; }
 (($# >= 1)) || usage
 step=$1; shift
 export PYTHONPATH="$CODE/src:$KIT/site:$KIT/tools" EYAS_CACHE="$KIT/cache" PYTHONUNBUFFERED=1
@@ -227,6 +229,25 @@ case $step in
       cp "$work"/*.json "$OUT/" 2>/dev/null || true
       (cd "$work" && tar -czf "$OUT/$name-logs.tgz" ./*.log 2>/dev/null) || true
     fi
+    ;;
+  disk)
+    # the stores' disk: write and read MIB MiB past the page cache (direct I/O), then read it again
+    # cached; extraction writes, validate and every training epoch read the stores
+    dir=${1:-/root}; mib=${2:-2048}
+    [[ $mib =~ ^[0-9]+$ ]] && ((mib > 0)) || { echo "run_recipe disk: give the MiB to write, e.g. 2048" >&2; exit 2; }
+    file="$dir/eyas-disk-test"
+    if ((DRY)); then echo "would: dd $mib MiB to $file and back (direct I/O), then read it cached; $OUT/disk.json"; exit 0; fi
+    rate() {  # MB/s of dd ARGS...
+      local t0 t1; t0=$(date +%s.%N); dd "$@" bs=1M status=none; t1=$(date +%s.%N)
+      python3 -c "import sys; print(round($mib * 1.048576 / (float(sys.argv[2]) - float(sys.argv[1])), 1))" "$t0" "$t1"
+    }
+    write=$(rate if=/dev/zero of="$file" count="$mib" oflag=direct conv=fsync)
+    read=$(rate if="$file" of=/dev/null iflag=direct)
+    cat "$file" > /dev/null  # into the page cache, if it holds it
+    cached=$(rate if="$file" of=/dev/null)
+    rm -f "$file"
+    mkdir -p "$OUT"
+    echo "{\"dir\": \"$dir\", \"mib\": $mib, \"write_mb_s\": $write, \"read_direct_mb_s\": $read, \"read_cached_mb_s\": $cached}" | tee "$OUT/disk.json"
     ;;
   bench-train)
     copy_code
