@@ -196,6 +196,10 @@ def test_sweep_plan_trains_every_variant_on_the_runs_stores(tmp_path):
         {"name": "tb8k-50", "run": results, "train": {"token_budget": 8192, "data_fraction": 0.5}},
     ]
     assert plan["configs"][1] == str(ROOT / "config" / "gpu-smollm2.yaml")
+    other = campaign.sweep_plan(tmp_path / "run", ROOT, "c.yaml", [f"greedy-100@{tmp_path / 'greedy'}={{}}"])
+    assert other["variants"] == [{"name": "greedy-100", "run": str(tmp_path.resolve() / "greedy" / "results"),
+                                  "train": {}}]  # fmt: skip
+    assert other["heldout"] == str((tmp_path / "run").resolve() / "results" / "prepared" / "eval.jsonl")
     bad = {"NAME=JSON": ["tb8k"], "not a JSON object": ["a=[1]"], "must differ": ["a={}", "a={}"]}
     for error, variants in bad.items():
         with pytest.raises(ValueError, match=error):

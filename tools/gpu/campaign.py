@@ -146,17 +146,21 @@ def curve_plan(run: Path, code: Path, config_file: str, percents: list[int]) -> 
 
 def sweep_plan(run: Path, code: Path, config_file: str, variants: list[str]) -> dict:
     """recipe_sweep's plan training every `NAME=JSON` variant (`train` settings over the recipe's) on the
-    stores of `run`, which need no trained drafter (e.g. a run stopped before `train`). Name them
-    `<series>-<percent>` (with `data_fraction` = percent / 100) and plot_tau_vs_data.py plots them."""
+    stores of `run`, which need no trained drafter (e.g. a run stopped before `train`), or with
+    `NAME@OTHER_RUN=JSON` on another run's stores (e.g. the same prompts regenerated otherwise: all are
+    served on `run`'s held-out prompts). Name them `<series>-<percent>` (with `data_fraction` = percent /
+    100) and plot_tau_vs_data.py plots them."""
     planned = []
     for text in variants:
-        name, sep, overrides = text.partition("=")
+        head, sep, overrides = text.partition("=")
+        name, _, other = head.partition("@")
         if not sep or not name:
-            raise ValueError(f"--variant {text!r}: give NAME=JSON (train settings)")
+            raise ValueError(f"--variant {text!r}: give NAME=JSON or NAME@RUN=JSON (train settings)")
         train = json.loads(overrides)
         if not isinstance(train, dict):
             raise ValueError(f"--variant {name}: {overrides!r} is not a JSON object of train settings")
-        planned.append({"name": name, "run": str(run.resolve() / "results"), "train": train})
+        stores = Path(other) if other else run
+        planned.append({"name": name, "run": str(stores.resolve() / "results"), "train": train})
     if len({v["name"] for v in planned}) != len(planned):
         raise ValueError(f"--variant: names must differ, got {[v['name'] for v in planned]}")
     return _plan(run, code, config_file, f"training settings on the stores of the run {run}", planned)
