@@ -217,6 +217,15 @@ def test_run_script_dry_sweep_plans_the_variants(tmp_path):
     assert _bash("run_recipe.sh", "--dry", "sweep", run).returncode == 2  # no variant
 
 
+def test_bench_attention_runs_the_tree_attention_bench_on_the_gpu(tmp_path):
+    out = _bash(
+        "run_recipe.sh", "--dry", "bench-attention", "--lengths", "1024", env={"EYAS_CODE": str(tmp_path)}
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"{tmp_path}/bench/tree_attention.py --device cuda --rows 16" in out.stdout
+    assert "--lengths 1024" in out.stdout
+
+
 def test_disk_step_measures_write_and_reads_and_leaves_nothing(tmp_path):
     out = _bash("run_recipe.sh", "disk", tmp_path, "8", env={"OUT": str(tmp_path / "out")})
     if out.returncode and "Invalid argument" in out.stderr:

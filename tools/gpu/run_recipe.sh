@@ -24,6 +24,8 @@
 #   bash tools/gpu/run_recipe.sh bench-start RUN [ARGS...]        bench/gpu/engine_start.py --out $OUT/start
 #   bash tools/gpu/run_recipe.sh bench-train [ARGS...]     bench/train_profile.py (a trainer step's launches
 #                                                       against device time) into $OUT/train-profile.json
+#   bash tools/gpu/run_recipe.sh bench-attention [ARGS...] bench/tree_attention.py (train.tree_attention: masked
+#                                                       against lse) into $OUT/tree-attention.json
 #   bash tools/gpu/run_recipe.sh disk [DIR] [MIB]      the disk's write and read MB/s (direct I/O) and cached read,
 #                                                       into $OUT/disk.json (default /root, 2048 MiB)
 #   bash tools/gpu/run_recipe.sh kimi [ARGS...]         bench/gpu/kimi_wrapped.py (issue 28's wrapped target) from
@@ -40,7 +42,7 @@ CODE=${EYAS_CODE:-/root/eyas}
 CONFIG_FILE=${EYAS_RECIPE_CONFIG:-config/gpu-smollm2.yaml}
 DRY=0
 if [[ ${1:-} == --dry ]]; then DRY=1; shift; fi
-usage() { sed -n '2,32p' "$0" >&2; exit 2; }
+usage() { sed -n '2,34p' "$0" >&2; exit 2; }
 (($# >= 1)) || usage
 step=$1; shift
 export PYTHONPATH="$CODE/src:$KIT/site:$KIT/tools" EYAS_CACHE="$KIT/cache" PYTHONUNBUFFERED=1
@@ -252,6 +254,10 @@ case $step in
   bench-train)
     copy_code
     say python3 "$CODE/bench/train_profile.py" --device cuda --out "$OUT/train-profile.json" "$@"
+    ;;
+  bench-attention)
+    copy_code
+    say python3 "$CODE/bench/tree_attention.py" --device cuda --rows 16 --out "$OUT/tree-attention.json" "$@"
     ;;
   kimi)
     # from this checkout, not $CODE: the tiny models take their tokenizer from tests/data/tokenizer;

@@ -36,6 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from eyas.core.atomic import atomic_dir
+from eyas.model import causal_lse
 from eyas.model.decoder_layer import DecoderLayer, repeat_kv
 from eyas.model.drafter_config import DrafterConfig
 from eyas.model.norm import RMSNorm
@@ -96,7 +97,13 @@ class DrafterCache:
 
 
 def tree_attention(
-    q: Tensor, k0: Tensor, v0: Tensor, k_diag: Tensor, v_diag: Tensor, chunk: int | None = None
+    q: Tensor,
+    k0: Tensor,
+    v0: Tensor,
+    k_diag: Tensor,
+    v_diag: Tensor,
+    chunk: int | None = None,
+    impl: str = "masked",
 ) -> Tensor:
     """Attention of one TTT step under the tree-of-steps mask, through SDPA in query chunks.
 
@@ -107,7 +114,11 @@ def tree_attention(
     scores blockwise). chunk None = QUERY_CHUNK_CPU on CPU, QUERY_CHUNK elsewhere. With grad enabled
     and the chunks' key/value copies over CHECKPOINT_BYTES, each chunk is checkpointed: backward
     recomputes one chunk at a time instead of keeping every copy alive (O(T^2 / C) memory).
+    impl "lse": causal flash attention and a log-sum-exp merge instead (`eyas.model.causal_lse`), where
+    it applies (equal q/v head sizes, a flash kernel's dtype); the same result up to rounding.
     """
+    if impl == "lse" and causal_lse.supported(q, v_diag):
+        return causal_lse.tree_attention_lse(q, k0, v0, k_diag, v_diag)
     chunk = chunk or (QUERY_CHUNK_CPU if q.device.type == "cpu" else QUERY_CHUNK)
     t_len = q.shape[2]
     recompute = torch.is_grad_enabled() and _chunk_copy_bytes(k_diag, t_len, chunk) > CHECKPOINT_BYTES
@@ -153,6 +164,8 @@ def _tree_chunk(
 
 
 class Eagle3Drafter(nn.Module):
+    attention_impl = "masked"  # `tree_attention`'s impl in `ttt_hidden` (train.tree_attention); not exported
+
     def __init__(self, config: DrafterConfig):
         super().__init__()
         self.config = config
@@ -287,7 +300,7 @@ class Eagle3Drafter(nn.Module):
                 k_diag.append(key)
                 v_diag.append(value)
                 kd, vd = torch.stack(k_diag, dim=3), torch.stack(v_diag, dim=3)  # [B, nH, T, k, hd]
-            out = tree_attention(q, k0, v0, kd, vd)  # [B, nH, T, hd]
+            out = tree_attention(q, k0, v0, kd, vd, impl=self.attention_impl)  # [B, nH, T, hd]
             attn_out = attn.project_out(out)  # [B, T, H]
             if recompute_mlp and torch.is_grad_enabled():
                 out = checkpoint(layer.finish, attn_out, hidden, use_reentrant=False)

@@ -72,6 +72,7 @@ def _build_model(
         raise ProvenanceError(f"target hidden_size {config.hidden_size} != stores' {attrs['hidden_size']}")
     torch.manual_seed(settings.seed)
     model = Eagle3Drafter(config)
+    model.attention_impl = settings.tree_attention
     embed, head = load_embed_and_head(model_dir)
     model.set_target_embedding(embed.float())
     model.set_vocab(d2t, t2d)
