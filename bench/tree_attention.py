@@ -43,6 +43,12 @@ def unroll(impl: str, inputs: list[torch.Tensor], steps: int) -> tuple[float, li
     return seconds, [torch.stack(outs).detach().float()] + [t.grad.float() for t in inputs]
 
 
+def relative_difference(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """Each tensor's largest difference over its largest value, the largest of them (the output, then
+    the grads of q, k0, v0, k_diag, v_diag)."""
+    return max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(got, want, strict=True))
+
+
 def case(rows: int, length: int, steps: int, dtype: torch.dtype, device: str, repeats: int) -> dict:
     torch.manual_seed(0)
     heads, head = 9, 64
@@ -63,11 +69,11 @@ def case(rows: int, length: int, steps: int, dtype: torch.dtype, device: str, re
             times.append(seconds)
         result[f"{impl}_seconds"] = round(min(times), 4)
     result["masked_over_lse"] = round(result["masked_seconds"] / result["lse_seconds"], 3)
-    # each tensor's largest difference over its largest value: output, then the grads of q, k0, v0, kd, vd
-    result["max_relative_difference"] = max(
-        ((a - b).abs().max() / b.abs().max()).item()
-        for a, b in zip(tensors["lse"], tensors["masked"], strict=True)
-    )
+    result["max_relative_difference"] = relative_difference(tensors["lse"], tensors["masked"])
+    if dtype != torch.float32:  # how far each form's rounding is from the float32 result
+        exact = unroll("masked", [t.detach().float().requires_grad_() for t in inputs], steps)[1]
+        for impl in ("masked", "lse"):
+            result[f"{impl}_relative_difference_to_float32"] = relative_difference(tensors[impl], exact)
     return {
         "rows": rows,
         "length": length,
