@@ -105,6 +105,20 @@ snakemake_bg() {  # RUN LOGNAME ARGS...: Snakemake in its own session, pid in RU
   (cd "$run" && in_background "$run/$name.pid" "$run/$name.out" python3 -m snakemake "$@")
 }
 
+sweep_bg() {  # RUN PLANNER ARGS...: campaign.py's PLANNER plan for RUN, then recipe_sweep.py on it in the background
+  local run=$1 planner=$2; shift 2
+  [[ -f $run/config-file ]] && CONFIG_FILE=$(cat "$run/config-file")  # the run's own recipe
+  say mkdir -p "$run/curve"
+  say python3 "$CODE/tools/gpu/campaign.py" "$planner" "$run" --code "$CODE" --config-file "$CONFIG_FILE" \
+    "$@" --out "$run/curve/plan.json"
+  local cmd=(python3 "$CODE/bench/studies/recipe_sweep.py" --plan "$run/curve/plan.json" --model "$run/results/assets/model"
+    --out "$run/curve/recipe-curve.json" --workdir "$run/curve/work")
+  if ((DRY)); then echo "would: setsid ${cmd[*]} > $run/curve.out"; else
+    in_background "$run/curve.pid" "$run/curve.out" "${cmd[@]}"
+    sleep 5; tail -3 "$run/curve.out"
+  fi
+}
+
 engine_config() {  # best.json of bench/gpu/generation.py -> a --config value for regenerate.engine
   python3 -c "import json,sys; print('regenerate=' + json.dumps({'engine': json.load(open(sys.argv[1]))['engine']}))" "$1"
 }
@@ -171,30 +185,12 @@ case $step in
   curve)
     need_run "${1:-}"; run=$1; shift; copy_code
     [[ -f $run/results/train/drafter/config.json ]] || ((DRY)) || { echo "run_recipe curve: $run has no trained drafter yet" >&2; exit 1; }
-    [[ -f $run/config-file ]] && CONFIG_FILE=$(cat "$run/config-file")  # the run's own recipe
-    say mkdir -p "$run/curve"
-    say python3 "$CODE/tools/gpu/campaign.py" curve-plan "$run" --code "$CODE" --config-file "$CONFIG_FILE" \
-      ${1:+--percent "$@"} --out "$run/curve/plan.json"
-    cmd=(python3 "$CODE/bench/studies/recipe_sweep.py" --plan "$run/curve/plan.json" --model "$run/results/assets/model"
-      --out "$run/curve/recipe-curve.json" --workdir "$run/curve/work")
-    if ((DRY)); then echo "would: setsid ${cmd[*]} > $run/curve.out"; else
-      in_background "$run/curve.pid" "$run/curve.out" "${cmd[@]}"
-      sleep 5; tail -3 "$run/curve.out"
-    fi
+    sweep_bg "$run" curve-plan ${1:+--percent "$@"}
     ;;
   sweep)
     need_run "${1:-}"; run=$1; shift; copy_code
     (($# >= 1)) || { echo "run_recipe sweep: give the variants, NAME=JSON (train settings) each" >&2; exit 2; }
-    [[ -f $run/config-file ]] && CONFIG_FILE=$(cat "$run/config-file")  # the run's own recipe
-    say mkdir -p "$run/curve"
-    say python3 "$CODE/tools/gpu/campaign.py" sweep-plan "$run" --code "$CODE" --config-file "$CONFIG_FILE" \
-      --variant "$@" --out "$run/curve/plan.json"
-    cmd=(python3 "$CODE/bench/studies/recipe_sweep.py" --plan "$run/curve/plan.json" --model "$run/results/assets/model"
-      --out "$run/curve/recipe-curve.json" --workdir "$run/curve/work")
-    if ((DRY)); then echo "would: setsid ${cmd[*]} > $run/curve.out"; else
-      in_background "$run/curve.pid" "$run/curve.out" "${cmd[@]}"
-      sleep 5; tail -3 "$run/curve.out"
-    fi
+    sweep_bg "$run" sweep-plan --variant "$@"
     ;;
   wait-curve)
     need_run "${1:-}"; run=$1
