@@ -83,11 +83,11 @@ class CausalWithLse(torch.autograd.Function):
         minus_g = pad.clone()
         minus_g[..., 0] = -grad_lse.to(pad.dtype)
         dq, dk, dv = _backward(
-            torch.cat([grad_out, minus_g], -1).contiguous(),
-            torch.cat([q, pad], -1).contiguous(),
-            torch.cat([k, pad], -1).contiguous(),
-            torch.cat([v, pad], -1).contiguous(),
-            torch.cat([out, ones], -1).contiguous(),
+            torch.cat([grad_out, minus_g], -1),  # torch.cat's results are contiguous, as the kernels need
+            torch.cat([q, pad], -1),
+            torch.cat([k, pad], -1),
+            torch.cat([v, pad], -1),
+            torch.cat([out, ones], -1),
             lse,
             ctx.extra,
             ctx.scale,
