@@ -53,6 +53,18 @@ def test_schedulers_started_at_once_do_their_gpu_work_one_after_another(tmp_path
     assert sorted(p.name for p in tmp_path.glob("ready-*")) == ["ready-0", "ready-1", "ready-2"]
 
 
+def test_a_turn_ends_before_its_message_reaches_the_job(tmp_path):
+    # the job removes the turn folder once it has every engine's message: the marker must be there first
+    turn, seen = StartTurn(str(tmp_path), 0), []
+
+    class Pipe:
+        def send(self, message):
+            seen.append(turn.marker(0).exists())
+
+    ReadyPipe(Pipe(), turn).send({"status": "ready"})
+    assert seen == [True]
+
+
 def test_a_turn_ends_at_the_first_message_on_the_ready_pipe(tmp_path):
     reader, writer = SPAWN.Pipe(duplex=False)
     turn = StartTurn(str(tmp_path), 0)

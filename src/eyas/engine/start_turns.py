@@ -11,8 +11,8 @@ engine before it is ready. Engine i then measures with engines 0..i-1 in place, 
 start one after another, and `eyas.engine.generation.memory_shares` holds.
 
 A scheduler's turn ends when it sends its first message on the ready pipe (SGLang's `ready` info, or
-its failure status): `ReadyPipe` forwards it and then marks the turn done with a file in the job's turn
-folder. A scheduler that dies before that ends no turn; the engine's start fails in the job, which then
+its failure status): `ReadyPipe` marks the turn done with a file in the job's turn folder, then forwards
+it. A scheduler that dies before that ends no turn; the engine's start fails in the job, which then
 stops every engine's processes, the waiting ones included. A waiting scheduler whose job process is
 gone (killed) exits instead of waiting for ever.
 """
@@ -62,10 +62,12 @@ class ReadyPipe:
         self._pipe, self._turn, self._sent = pipe, turn, False
 
     def send(self, message) -> None:
-        self._pipe.send(message)
+        # The turn ends before the message goes: once the job has every engine's message it removes
+        # the turn folder, so a marker written after the last one could find no folder.
         if not self._sent:
             self._sent = True
             self._turn.done()
+        self._pipe.send(message)
 
     def __getattr__(self, name):
         return getattr(self._pipe, name)
