@@ -258,3 +258,41 @@ def test_prepare_waits_for_snakemake_itself_and_records_its_pid(tmp_path):
     assert "finished" in result.stdout, result.stdout
     pid = (run / "prepare.pid").read_text().strip()
     assert f"stand-in snakemake pid {pid}" in (run / "prepare.out").read_text()
+
+
+def test_sweep_reports_a_variant_that_cannot_train_and_goes_on(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "bench" / "studies"))
+    try:
+        import recipe_sweep
+    finally:
+        sys.path.pop(0)
+    plan = {
+        "configs": [str(ROOT / "config" / "config.yaml")],
+        "heldout": str(tmp_path / "eval.jsonl"),
+        "variants": [
+            {"name": "missing", "run": str(tmp_path / "no-such-run"), "train": {}},
+            {"name": "other", "run": str(tmp_path / "no-such-run"), "train": {"epochs": 2}},
+        ],
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    out = tmp_path / "report.json"
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "recipe_sweep.py",
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--model",
+            str(tmp_path),
+            "--out",
+            str(out),
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+    )
+    recipe_sweep.main()  # neither variant has stores: both are reported, the sweep itself ends
+    report = json.loads(out.read_text())
+    assert report["status"] == "done" and report["variants"] == {} and report["served"] is None
+    assert set(report["failed"]) == {"missing", "other"}
+    assert "no-such-run" in report["failed"]["missing"]

@@ -25,6 +25,7 @@ import platform
 import shlex
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -56,6 +57,8 @@ def train_inputs(run: Path, model_dir: str, out: Path) -> dict:
     """`trainer.train`'s inputs for a run's results dir (`eyas.train.job.train_inputs`, as the rule's)."""
     tokens = run / "tokens" / "train"
     stores = shard_paths(run / "hidden" / "train")
+    if not shard_paths(tokens) or not stores:
+        raise FileNotFoundError(f"{run}: no token shards or stores of the train split (a run's results dir?)")
     return job_inputs(
         tokens_dir=str(tokens),
         hidden_stores=stores,
@@ -144,27 +147,36 @@ def main() -> None:
         "plan": plan,
         "status": "training",
         "variants": results,
+        "failed": {},
         "served": None,
     }
     for variant in plan["variants"]:
-        if "drafter" in variant:
-            results[variant["name"]] = pipeline_variant(variant)
-        else:
-            results[variant["name"]] = train_variant(variant, base, args.model, args.workdir)
-        figures = results[variant["name"]]
-        print(variant["name"], figures["train_seconds"], figures["best_sim_tau"], flush=True)
+        name = variant["name"]
+        try:
+            if "drafter" in variant:
+                results[name] = pipeline_variant(variant)
+            else:
+                results[name] = train_variant(variant, base, args.model, args.workdir)
+        except Exception as err:  # one variant that cannot train (e.g. a setting new to this device)
+            traceback.print_exc()  # must not cost the others their serving: it is reported, not served
+            report["failed"][name] = f"{type(err).__name__}: {err}"
+            write_report(args.out, report)
+            continue
+        figures = results[name]
+        print(name, figures["train_seconds"], figures["best_sim_tau"], flush=True)
         write_report(args.out, report)  # what is done so far survives a device budget that ends
-    if not args.no_served:
+    if results and not args.no_served:
         report["status"] = "serving"
         write_report(args.out, report)
         served = serve(plan, config, results, args.model, args.workdir)
         report["served"] = served
+        first = next(iter(results))  # served as `trained`, the others as baselines by name
         for name, figures in results.items():
-            by_k = served["sets"]["heldout"][name if name != plan["variants"][0]["name"] else "trained"]
+            by_k = served["sets"]["heldout"][name if name != first else "trained"]
             figures["served_tau"] = {k: r["tau"] for k, r in by_k.items()}
             minutes = figures["train_seconds"] / 60
             figures["tau_per_train_minute"] = {k: (t - 1) / minutes for k, t in figures["served_tau"].items()}
-    report["status"] = "done"
+    report["status"] = "done"  # `failed` names any variant that did not train
     write_report(args.out, report)
 
 
