@@ -296,3 +296,27 @@ def test_sweep_reports_a_variant_that_cannot_train_and_goes_on(tmp_path, monkeyp
     assert report["status"] == "done" and report["variants"] == {} and report["served"] is None
     assert set(report["failed"]) == {"missing", "other"}
     assert "no-such-run" in report["failed"]["missing"]
+
+
+def test_after_runs_its_step_once_the_runs_snakemake_has_started_and_ended(tmp_path):
+    run = tmp_path / "run"
+    env = {"EYAS_CODE": str(ROOT), "EYAS_KIT": str(tmp_path / "kit")}  # no kit in cwd: unpack only reports
+    out = _bash("run_recipe.sh", "after", run, "unpack", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    log = run / "after-unpack.out"
+    time.sleep(1.5)
+    assert "kit:" not in log.read_text()  # no Snakemake started in the run yet
+    snakemake = subprocess.Popen(["sleep", "3"])
+    try:
+        (run / "snakemake.pid").write_text(f"{snakemake.pid}\n")
+        time.sleep(1.5)
+        assert "kit:" not in log.read_text()  # still running
+    finally:
+        snakemake.wait()
+    deadline = time.monotonic() + 30
+    while "kit:" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "kit: site missing" in log.read_text()
+    dry = _bash("run_recipe.sh", "--dry", "after", run, "sweep", run, "a={}")
+    assert dry.returncode == 0 and "run_recipe.sh sweep" in dry.stdout and "after-sweep.out" in dry.stdout
+    assert _bash("run_recipe.sh", "after", run).returncode == 2

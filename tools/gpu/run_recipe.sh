@@ -11,6 +11,8 @@
 #   bash tools/gpu/run_recipe.sh wait RUN SECONDS       until Snakemake ends or SECONDS pass: status table,
 #                                                       results and GPU use into $OUT
 #   bash tools/gpu/run_recipe.sh status RUN             the status table only
+#   bash tools/gpu/run_recipe.sh after RUN STEP ARGS... STEP ARGS... queued in the background: it runs once RUN's
+#                                                       Snakemake has started and ended (e.g. a second run, a sweep)
 #   bash tools/gpu/run_recipe.sh curve RUN [PERCENT...]  after the recipe: the tau-vs-data curve in the
 #                                                       background (bench/studies/recipe_sweep.py: drafters
 #                                                       on PERCENT% (default 50 25) of the run's data, all served)
@@ -42,7 +44,7 @@ CODE=${EYAS_CODE:-/root/eyas}
 CONFIG_FILE=${EYAS_RECIPE_CONFIG:-config/gpu-smollm2.yaml}
 DRY=0
 if [[ ${1:-} == --dry ]]; then DRY=1; shift; fi
-usage() { sed -n '2,34p' "$0" >&2; exit 2; }
+usage() { sed -n '2,36p' "$0" >&2; exit 2; }
 (($# >= 1)) || usage
 step=$1; shift
 export PYTHONPATH="$CODE/src:$KIT/site:$KIT/tools" EYAS_CACHE="$KIT/cache" PYTHONUNBUFFERED=1
@@ -181,6 +183,21 @@ case $step in
         -not -path 'results/assets/*' -not -name '*.safetensors' -not -name '*.pt' -print0 2>/dev/null |
         tar -czf "$OUT/results.tgz" --null -T -) || true
     fi
+    ;;
+  after)
+    # a step queued on the machine, so that back-to-back stages wait on no call: once RUN's Snakemake has
+    # started (its pid file written) and ended, run_recipe.sh STEP ARGS... (output in RUN/after-STEP.out)
+    need_run "${1:-}"; run=$1; shift
+    (($# >= 1)) || { echo "run_recipe after: give the step to run once $run has ended" >&2; exit 2; }
+    copy_code
+    if ((DRY)); then echo "would: once $run/snakemake.pid has ended: run_recipe.sh $* > $run/after-$1.out"; exit 0; fi
+    mkdir -p "$run"
+    in_background "$run/after-$1.pid" "$run/after-$1.out" sh -c '
+      run=$1; shift
+      until [ -s "$run/snakemake.pid" ]; do sleep 2; done
+      while kill -0 "$(cat "$run/snakemake.pid")" 2>/dev/null; do sleep 2; done
+      exec bash "$@"' after "$run" "$CODE/tools/gpu/run_recipe.sh" "$@"
+    echo "after $run: run_recipe.sh $* queued (pid $(cat "$run/after-$1.pid"))"
     ;;
   curve)
     need_run "${1:-}"; run=$1; shift; copy_code
