@@ -142,7 +142,12 @@ def reply(reqs, served: dict | None = None):
 
 
 def _record_pid() -> None:
-    """`$TMPDIR/eyas-standin-pid-<pid>`: the test checks that no engine process outlives its job."""
+    """`$TMPDIR/eyas-standin-pid-<pid>`: the test checks that no engine process outlives its job. Also
+    what SGLang's scheduler and detokenizer do first: ask Linux to SIGKILL them when their parent dies
+    (`kill_itself_when_parent_died`; for Linux the parent is the thread that started the process)."""
+    from sglang.srt.utils import kill_itself_when_parent_died
+
+    kill_itself_when_parent_died()
     (Path(tempfile.gettempdir()) / f"eyas-standin-pid-{os.getpid()}").write_text(str(os.getpid()))
 
 

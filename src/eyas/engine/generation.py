@@ -24,8 +24,8 @@ import asyncio
 import logging
 import signal
 import tempfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
 
 from eyas.engine.sglang import (
     SOME_PROCESS,
@@ -67,6 +67,7 @@ class GenerationEngines:
         if count < 1:
             raise ValueError(f"regenerate.engine.engines: {count} must be >= 1")
         self.stage, self.engines = stage, []
+        self._release, self._starters = threading.Event(), []  # `_start_together`'s threads
         shares = memory_shares(args["mem_fraction_static"], count)
         try:
             if together and count > 1:
@@ -89,32 +90,51 @@ class GenerationEngines:
 
     def _start_together(self, args: dict, shares: list[float], start) -> None:
         """Every engine's processes at once, each engine's GPU work in its turn
-        (`eyas.engine.start_turns`): a thread per engine waits for its start, and the engines are then
-        attached to the first one's loop here, in the main thread. A scheduler that fails as it starts
-        sends the job SIGQUIT; SGLang installs no handler for an engine started outside the main
-        thread, and none is needed: that engine's thread sees its scheduler gone and fails its start
-        (`EngineDied`), stopping every engine's processes, so the others' starts fail too."""
+        (`eyas.engine.start_turns`): a thread per engine starts it, and the engines are then attached
+        to the first one's loop here, in the main thread. A scheduler that fails as it starts sends
+        the job SIGQUIT; SGLang installs no handler for an engine started outside the main thread, and
+        none is needed: that engine's thread sees its scheduler gone and fails its start (`EngineDied`),
+        stopping every engine's processes, so the others' starts fail too.
+
+        Each starter thread then stays alive until `shutdown`: SGLang's schedulers and detokenizers ask
+        Linux to SIGKILL them when their parent dies (`kill_itself_when_parent_died`, sglang
+        `srt/utils/common.py`), and for Linux that parent is the thread that started them (prctl(2),
+        PR_SET_PDEATHSIG). Ended starter threads killed all four engines as they began to generate
+        (H100, 2026-12-05)."""
         began = time.perf_counter()
         signal.signal(signal.SIGQUIT, _sigquit_while_starting_together)
-        futures = []
+        outcomes: list = [None] * len(shares)  # an engine or the error of its start
+        started = [threading.Event() for _ in shares]
+
+        def starter(index: int, engine_args: dict, turn: StartTurn) -> None:
+            try:
+                outcomes[index] = start(
+                    engine_args, speculative=False, stage=self.stage, turn=turn, attach=False
+                )
+            except BaseException as err:  # raised in the main thread below
+                outcomes[index] = err
+                return
+            finally:
+                started[index].set()
+            self._release.wait()  # the engine's processes live as long as this thread
+
         # one model-module scan for all (each thread's own would set and restore the variable in turn)
         with (
             only_needed_models([args["model_path"]]),
             tempfile.TemporaryDirectory(prefix="eyas-turns-") as folder,
         ):
-            pool = ThreadPoolExecutor(len(shares), thread_name_prefix="engine-start")
-            try:
-                for index, share in enumerate(shares):
-                    engine_args = args | {"mem_fraction_static": share}
-                    turn = StartTurn(folder, index)
-                    futures.append(pool.submit(
-                        start, engine_args, speculative=False, stage=self.stage, turn=turn, attach=False
-                    ))  # fmt: skip
-            finally:
-                wait(futures)
-                pool.shutdown()
-        self.engines = [f.result() for f in futures if f.exception() is None]  # stopped if one failed
-        failed = [(i, f.exception()) for i, f in enumerate(futures) if f.exception() is not None]
+            for index, share in enumerate(shares):
+                engine_args = args | {"mem_fraction_static": share}
+                thread = threading.Thread(
+                    target=starter, args=(index, engine_args, StartTurn(folder, index)),
+                    name=f"engine-start-{index}", daemon=True,
+                )  # fmt: skip
+                thread.start()
+                self._starters.append(thread)
+            for event in started:
+                event.wait()
+        failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
+        self.engines = [o for o in outcomes if not isinstance(o, BaseException)]  # stopped if one failed
         for index, err in failed[1:]:  # the first is raised; one engine's failure stops the others
             log.error("%s: engine %d / %d did not start either: %s", self.stage, index + 1, len(shares), err)
         if failed:
@@ -134,6 +154,10 @@ class GenerationEngines:
         for engine in self.engines:
             engine.shutdown()
         self.engines = []
+        self._release.set()  # the starter threads of engines started together end after their engines
+        for thread in self._starters:
+            thread.join()
+        self._starters = []
 
     def generate(self, *, input_ids: list[list[int]], sampling_params: dict) -> list[dict]:
         """`Engine.generate`'s batch call over every engine: one output dict per prompt, in order."""
