@@ -248,7 +248,7 @@ def test_prepare_waits_for_snakemake_itself_and_records_its_pid(tmp_path):
     fake = bin_dir / "python3"
     fake.write_text('#!/usr/bin/env bash\necho "stand-in snakemake pid $$"\nsleep 3\necho finished\n')
     fake.chmod(0o755)
-    (tmp_path / "code" / "src").mkdir(parents=True)  # a code copy exists: prepare copies nothing
+    (tmp_path / "code" / "src").mkdir(parents=True)  # a code copy exists: prepare adds config files only
     run = tmp_path / "run"
     env = {"EYAS_CODE": str(tmp_path / "code"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     start = time.monotonic()
@@ -320,3 +320,22 @@ def test_after_runs_its_step_once_the_runs_snakemake_has_started_and_ended(tmp_p
     dry = _bash("run_recipe.sh", "--dry", "after", run, "sweep", run, "a={}")
     assert dry.returncode == 0 and "run_recipe.sh sweep" in dry.stdout and "after-sweep.out" in dry.stdout
     assert _bash("run_recipe.sh", "after", run).returncode == 2
+
+
+def test_a_later_calls_new_config_file_joins_the_code_copy_and_old_ones_stay(tmp_path):
+    checkout, code = tmp_path / "checkout", tmp_path / "code"
+    (checkout / "config").mkdir(parents=True)
+    (checkout / "config" / "recipe.yaml").write_text("changed: true\n")
+    (checkout / "config" / "recipe-greedy.yaml").write_text("written: by sed\n")
+    (code / "src").mkdir(parents=True)  # the first call's copy, which a pipeline may be running from
+    (code / "config").mkdir()
+    (code / "config" / "recipe.yaml").write_text("changed: false\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text("#!/usr/bin/env bash\necho stand-in bench\n")
+    (bin_dir / "python3").chmod(0o755)
+    env = {"EYAS_CODE": str(code), "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out")}
+    out = _bash("run_recipe.sh", "bench-attention", cwd=checkout, env=env)
+    assert out.returncode == 0, out.stderr
+    assert (code / "config" / "recipe-greedy.yaml").read_text() == "written: by sed\n"
+    assert (code / "config" / "recipe.yaml").read_text() == "changed: false\n"

@@ -86,9 +86,19 @@ unpack() {
 }
 
 copy_code() {
-  [[ -d $CODE/src ]] && return 0
-  say mkdir -p "$CODE"
-  say cp -r Snakefile config rules scripts src profiles envs report bench tools "$CODE/"
+  if [[ ! -d $CODE/src ]]; then
+    say mkdir -p "$CODE"
+    say cp -r Snakefile config rules scripts src profiles envs report bench tools "$CODE/"
+    return 0
+  fi
+  # the copy stays as the first call made it (a running pipeline's code and configs do not change under
+  # it), but a config file a later call wrote (e.g. by sed) joins it: one missing from the copy left
+  # `start --config-file` and EYAS_RECIPE_CONFIG naming nothing there (2026-12-05 campaign)
+  say mkdir -p "$CODE/config"
+  local file
+  for file in config/*.yaml; do
+    if [[ -f $file && ! -e $CODE/$file ]]; then say cp "$file" "$CODE/$file"; fi
+  done
 }
 
 in_background() {  # PIDFILE OUT CMD...: CMD in its own session (setsid: it outlives the call), its pid in PIDFILE
