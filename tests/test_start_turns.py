@@ -177,3 +177,34 @@ def test_one_engine_is_started_as_before_when_together(model_dir):
     GenerationEngines({"mem_fraction_static": 0.5, "model_path": model_dir}, count=1, stage="t", start=start,
                       together=True)  # fmt: skip
     assert calls == [{"speculative": False, "stage": "t", "loop": None}]
+
+
+def test_engines_started_together_keep_their_starter_threads_until_shutdown(model_dir):
+    """SGLang's engine processes die with the thread that started them (PR_SET_PDEATHSIG): a starter
+    thread must live as long as its engine."""
+    args = {"mem_fraction_static": 0.5, "model_path": model_dir}
+    engines = GenerationEngines(args, count=3, stage="t", start=lambda a, *, turn, **_: FakeEngine(a, turn),
+                                together=True)  # fmt: skip
+    started = list(engines.engines)
+    threads = [e.thread for e in started]
+    time.sleep(0.2)
+    assert all(t.is_alive() for t in threads)
+    engines.shutdown()
+    assert all(e.stopped for e in started) and not any(t.is_alive() for t in threads)
+
+
+def test_the_first_engine_to_fail_is_the_error_raised(model_dir):
+    """One engine's failure makes the others' starts fail after it (victims): the cause is raised."""
+    cause = threading.Event()
+
+    def start(args, *, turn, **_):
+        if turn.index == 2:
+            cause.set()
+            raise RuntimeError("engine 2: out of memory")
+        cause.wait(5)
+        time.sleep(0.1)
+        raise RuntimeError(f"engine {turn.index}: stopped")
+
+    args = {"mem_fraction_static": 0.5, "model_path": model_dir}
+    with pytest.raises(RuntimeError, match="engine 2: out of memory"):
+        GenerationEngines(args, count=3, stage="t", start=start, together=True)

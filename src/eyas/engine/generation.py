@@ -104,6 +104,7 @@ class GenerationEngines:
         began = time.perf_counter()
         signal.signal(signal.SIGQUIT, _sigquit_while_starting_together)
         outcomes: list = [None] * len(shares)  # an engine or the error of its start
+        failures: list[int] = []  # engines whose start failed, first first: the others' may follow it
         started = [threading.Event() for _ in shares]
 
         def starter(index: int, engine_args: dict, turn: StartTurn) -> None:
@@ -113,6 +114,7 @@ class GenerationEngines:
                 )
             except BaseException as err:  # raised in the main thread below
                 outcomes[index] = err
+                failures.append(index)
                 return
             finally:
                 started[index].set()
@@ -133,12 +135,12 @@ class GenerationEngines:
                 self._starters.append(thread)
             for event in started:
                 event.wait()
-        failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
         self.engines = [o for o in outcomes if not isinstance(o, BaseException)]  # stopped if one failed
-        for index, err in failed[1:]:  # the first is raised; one engine's failure stops the others
-            log.error("%s: engine %d / %d did not start either: %s", self.stage, index + 1, len(shares), err)
-        if failed:
-            raise failed[0][1]
+        for index in failures[1:]:  # the first to fail is raised: the cause, where the rest may be victims
+            log.error("%s: engine %d / %d did not start either: %s", self.stage, index + 1, len(shares),
+                      outcomes[index])  # fmt: skip
+        if failures:
+            raise outcomes[failures[0]]
         for engine in self.engines:
             engine.attach(self.engines[0].loop)
         log.info("%s: %d engines started together in %.1f s", self.stage, len(shares),
