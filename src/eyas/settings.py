@@ -285,7 +285,9 @@ class RegenerateEngineSettings:
     """`sglang`, `engines` > 1: start every engine at once, each one's GPU work (weights, memory
     sizing, graph capture) after the one before it is ready, instead of one engine after the other: an
     engine's start is mostly its scheduler process importing SGLang (~29 of ~37 s on an H100), which then
-    overlaps. Off until measured (bench/gpu/generation.py's `engines-4-together`)."""
+    overlaps. On an H100 4 SmolLM2 engines started together in 112 s cold and 92 s warm, against 141 s
+    warm one after another (bench/results/regenerate-together-h100-smollm2.json); the GPU recipe turns
+    it on. Off by default: one engine, the default, gains nothing."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """`sglang`: further SGLang `ServerArgs` for generation only (e.g. `enable_mixed_chunk`,
     `max_prefill_tokens`, `schedule_policy`), over `sglang.engine_args`; keys eyas sets itself
