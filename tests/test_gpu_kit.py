@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -299,9 +300,12 @@ def test_sweep_reports_a_variant_that_cannot_train_and_goes_on(tmp_path, monkeyp
 
 
 def test_after_runs_its_step_once_the_runs_snakemake_has_started_and_ended(tmp_path):
-    run = tmp_path / "run"
-    env = {"EYAS_CODE": str(ROOT), "EYAS_KIT": str(tmp_path / "kit")}  # no kit in cwd: unpack only reports
-    out = _bash("run_recipe.sh", "after", run, "unpack", cwd=tmp_path, env=env)
+    run, code = tmp_path / "run", tmp_path / "code"
+    (code / "src").mkdir(parents=True)  # the machine's code copy, where the step runs: no kit there
+    (code / "tools" / "gpu").mkdir(parents=True)
+    shutil.copy(GPU / "run_recipe.sh", code / "tools" / "gpu")
+    env = {"EYAS_CODE": str(code), "EYAS_KIT": str(tmp_path / "kit")}  # unpack then only reports
+    out = _bash("run_recipe.sh", "after", run, "unpack", cwd=ROOT, env=env)  # ROOT may hold kits: not read
     assert out.returncode == 0, out.stderr
     log = run / "after-unpack.out"
     time.sleep(1.5)

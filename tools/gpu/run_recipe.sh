@@ -196,14 +196,15 @@ case $step in
     ;;
   after)
     # a step queued on the machine, so that back-to-back stages wait on no call: once RUN's Snakemake has
-    # started (its pid file written) and ended, run_recipe.sh STEP ARGS... (output in RUN/after-STEP.out)
+    # started (its pid file written) and ended, run_recipe.sh STEP ARGS... (output in RUN/after-STEP.out),
+    # run from the code copy: a later call may replace this call's checkout
     need_run "${1:-}"; run=$1; shift
     (($# >= 1)) || { echo "run_recipe after: give the step to run once $run has ended" >&2; exit 2; }
     copy_code
     if ((DRY)); then echo "would: once $run/snakemake.pid has ended: run_recipe.sh $* > $run/after-$1.out"; exit 0; fi
     mkdir -p "$run"
     in_background "$run/after-$1.pid" "$run/after-$1.out" sh -c '
-      run=$1; shift
+      run=$1; shift; cd "$(dirname "$1")/../.."
       until [ -s "$run/snakemake.pid" ]; do sleep 2; done
       while kill -0 "$(cat "$run/snakemake.pid")" 2>/dev/null; do sleep 2; done
       exec bash "$@"' after "$run" "$CODE/tools/gpu/run_recipe.sh" "$@"
