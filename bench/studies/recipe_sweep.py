@@ -56,8 +56,8 @@ def merged_config(paths: list[str]):
 def train_inputs(run: Path, model_dir: str, out: Path) -> dict:
     """`trainer.train`'s inputs for a run's results dir (`eyas.train.job.train_inputs`, as the rule's)."""
     tokens = run / "tokens" / "train"
-    stores = shard_paths(run / "hidden" / "train")
-    if not shard_paths(tokens) or not stores:
+    token_shards, stores = shard_paths(tokens), shard_paths(run / "hidden" / "train")
+    if not token_shards or not stores:
         raise FileNotFoundError(f"{run}: no token shards or stores of the train split (a run's results dir?)")
     return job_inputs(
         tokens_dir=str(tokens),
@@ -65,7 +65,7 @@ def train_inputs(run: Path, model_dir: str, out: Path) -> dict:
         manifests=[s.removesuffix(".zarr") + ".manifest.json" for s in stores],
         vocab_path=str(run / "vocab" / "draft_vocab.safetensors"),
         model_dir=model_dir,
-        model_id=read_token_shard(shard_paths(tokens)[0]).attrs["model_id"],
+        model_id=read_token_shard(token_shards[0]).attrs["model_id"],
         out_dir=str(out / "drafter"),
         log_path=str(out / "log.csv"),
         heldout=(

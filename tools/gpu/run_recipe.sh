@@ -204,10 +204,10 @@ case $step in
     if ((DRY)); then echo "would: once $run/snakemake.pid has ended: run_recipe.sh $* > $run/after-$1.out"; exit 0; fi
     mkdir -p "$run"
     in_background "$run/after-$1.pid" "$run/after-$1.out" sh -c '
-      run=$1; shift; cd "$(dirname "$1")/../.."
+      run=$1 code=$2; shift 2; cd "$code"
       until [ -s "$run/snakemake.pid" ]; do sleep 2; done
       while kill -0 "$(cat "$run/snakemake.pid")" 2>/dev/null; do sleep 2; done
-      exec bash "$@"' after "$run" "$CODE/tools/gpu/run_recipe.sh" "$@"
+      exec bash "$code/tools/gpu/run_recipe.sh" "$@"' after "$run" "$CODE" "$@"
     echo "after $run: run_recipe.sh $* queued (pid $(cat "$run/after-$1.pid"))"
     ;;
   curve)
