@@ -28,6 +28,15 @@ def _bash(script: str, *args, cwd=ROOT, env=None, job_control=False) -> subproce
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=os.environ | (env or {}))
 
 
+def _stand_in_python3(tmp_path: Path, body: str) -> str:
+    """A PATH whose first `python3` is a bash script running `body` (it plays Snakemake or a bench)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f"#!/usr/bin/env bash\n{body}\n")
+    (bin_dir / "python3").chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
 def test_build_dry_run_names_every_carry_folder_and_one_folder_per_call():
     out = _bash("build_kit.sh", "--dry")
     assert out.returncode == 0, out.stderr
@@ -244,14 +253,10 @@ def test_prepare_waits_for_snakemake_itself_and_records_its_pid(tmp_path):
     setsid wrapper, which ends at once where setsid forks: it does under job control (`bash -m`, as the
     device's runner has it), where a background job leads its own process group. A stand-in `python3`
     plays Snakemake."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "python3"
-    fake.write_text('#!/usr/bin/env bash\necho "stand-in snakemake pid $$"\nsleep 3\necho finished\n')
-    fake.chmod(0o755)
+    path = _stand_in_python3(tmp_path, 'echo "stand-in snakemake pid $$"\nsleep 3\necho finished')
     (tmp_path / "code" / "src").mkdir(parents=True)  # a code copy exists: prepare adds config files only
     run = tmp_path / "run"
-    env = {"EYAS_CODE": str(tmp_path / "code"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {"EYAS_CODE": str(tmp_path / "code"), "PATH": path}
     start = time.monotonic()
     result = _bash("run_recipe.sh", "prepare", run, env=env, job_control=True)
     assert result.returncode == 0, result.stderr
@@ -334,11 +339,8 @@ def test_a_later_calls_new_config_file_joins_the_code_copy_and_old_ones_stay(tmp
     (code / "src").mkdir(parents=True)  # the first call's copy, which a pipeline may be running from
     (code / "config").mkdir()
     (code / "config" / "recipe.yaml").write_text("changed: false\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python3").write_text("#!/usr/bin/env bash\necho stand-in bench\n")
-    (bin_dir / "python3").chmod(0o755)
-    env = {"EYAS_CODE": str(code), "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out")}
+    path = _stand_in_python3(tmp_path, "echo stand-in bench")
+    env = {"EYAS_CODE": str(code), "PATH": path, "OUT": str(tmp_path / "out")}
     out = _bash("run_recipe.sh", "bench-attention", cwd=checkout, env=env)
     assert out.returncode == 0, out.stderr
     assert (code / "config" / "recipe-greedy.yaml").read_text() == "written: by sed\n"
