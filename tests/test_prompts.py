@@ -165,22 +165,29 @@ def test_tool_sets_by_language(tool_file):
 
 
 class _EngineAsked(Exception):
-    """Raised by the stood-in `start_engine`: the test needs the engine's args only."""
+    """Raised by the stood-in `GenerationEngines`: the test needs the engines' args only."""
 
 
-def test_sglang_backend_sizes_its_engine_as_regeneration_does(
+def test_sglang_backend_sizes_its_engines_as_regeneration_does(
     tmp_path, tiny_model_dir, tool_file, monkeypatch
 ):
-    # The prompts engine is a job's first engine on a fresh machine: it takes `regenerate.engine`
-    # (no prefill graphs, decode graphs up to the admission cap) instead of SGLang's own sizing.
+    # The prompts engines are a job's first on a fresh machine: they take `regenerate.engine` (no
+    # prefill graphs, decode graphs up to the admission cap, how many and how they start) instead of
+    # SGLang's own sizing and one engine.
     asked = {}
 
-    def start_engine(args, **kw):
-        asked.update(args)
+    def engines(args, **kw):
+        asked.update(args=args, **kw)
         raise _EngineAsked
 
-    monkeypatch.setattr("eyas.engine.sglang.start_engine", start_engine)
-    engine = RegenerateEngineSettings(max_running_requests=64, cuda_graph_max_bs=64, prefill_cuda_graph=False)
+    monkeypatch.setattr("eyas.engine.generation.GenerationEngines", engines)
+    engine = RegenerateEngineSettings(
+        max_running_requests=64,
+        cuda_graph_max_bs=64,
+        prefill_cuda_graph=False,
+        engines=3,
+        start_together=True,
+    )
     with pytest.raises(_EngineAsked):
         run_prompts(
             tmp_path / "p.jsonl",
@@ -192,10 +199,13 @@ def test_sglang_backend_sizes_its_engine_as_regeneration_does(
             answer_settings=RegenerateSettings(max_new_tokens=4, temperature=1.0, engine=engine),
             engine_settings=SglangSettings(mem_fraction_static=0.3),
         )
-    assert asked["max_running_requests"] == 64
-    assert asked["cuda_graph_max_bs_decode"] == 64
-    assert asked["disable_prefill_cuda_graph"] is True
-    assert asked["mem_fraction_static"] == 0.3  # the sglang section still builds the engine
+    args = asked["args"]
+    assert args["max_running_requests"] == 64
+    assert args["cuda_graph_max_bs_decode"] == 64
+    assert args["disable_prefill_cuda_graph"] is True
+    assert args["mem_fraction_static"] == 0.3  # the sglang section still builds the engines
+    assert (asked["count"], asked["together"]) == (3, True)
+    assert asked["stage"] == f"prompts {tmp_path / 'p.jsonl'}"
     assert not (tmp_path / "p.jsonl").exists()
 
 

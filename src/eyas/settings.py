@@ -271,9 +271,10 @@ class RegenerateEngineSettings:
     `disable_prefill_cuda_graph`: a machine's first engine spent 77 of its 111 s capturing them (H200,
     cold kernel caches), and generation's prefills are a small share of its work."""
     engines: int = bounded(1, ge=1, le=16)
-    """`sglang`: engines started on the job's GPUs, the prompts of every round dealt among them (one
-    scheduler process each: at 135M one scheduler, not the GPU, sets the rate; the GPU was 14-25% busy).
-    Together they take `sglang.mem_fraction_static` of the GPU's memory, in equal shares."""
+    """`sglang`: engines started on the job's GPUs (regenerate's and the prompts stage's), the prompts
+    of every call dealt among them (one scheduler process each: at 135M one scheduler, not the GPU,
+    sets the rate; the GPU was 14-25% busy). Together they take `sglang.mem_fraction_static` of the
+    GPU's memory, in equal shares."""
     pipeline_turns: bool = False
     """`sglang`: each conversation's next turn goes to the engines as soon as its last one is back
     (`turns: all`), instead of one generate call a turn round: a round ends with its slowest response,
@@ -356,8 +357,8 @@ class PromptSettings:
     """Turns at least this similar (Jaccard of word 3-grams, a CJK character one word) to one kept
     before them are rejected (`near_duplicate`)."""
     backend: Literal["hf", "sglang"] = "hf"
-    """`hf` (batched Hugging Face `generate`; CPUs) or `sglang` (one engine; GPUs; the `sglang` section,
-    admission and CUDA graphs sized by `regenerate.engine` as regeneration's engines are)."""
+    """`hf` (batched Hugging Face `generate`; CPUs) or `sglang` (GPUs; the `sglang` section, with
+    `regenerate.engine` setting admission, CUDA graphs and the engines' count as for regeneration's)."""
     batch_size: int = bounded(32, ge=1, le=100_000)
     """`hf`: turns generated together."""
     device: Literal["cpu", "cuda", "auto"] = "auto"

@@ -1,6 +1,7 @@
 """The prompts stage on its SGLang backend: a job of rule prompts on the real `Engine` front end with
-the stood-in scheduler (standin_engine.py), as Snakemake runs it; its counts add up and a rerun writes
-the same files (the stand-in's tokens are a function of the prompt)."""
+the stood-in scheduler (standin_engine.py), as Snakemake runs it; its counts add up, and a rerun on two
+engines started together (`regenerate.engine`) writes the same files (the stand-in's tokens are a
+function of the prompt, whichever engine it goes to)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ JOB = Path(__file__).parent / "engine_job.py"
 TOOLS = [{"name": "get_weather", "description": "Weather of a city", "parameters": {}}]
 
 
-def _job(root: Path, model: Path, tool_file: Path) -> dict:
+def _job(root: Path, model: Path, tool_file: Path, engine: dict) -> dict:
     out = root / "results" / "prompts"
     return {
         "stage": "prompts",
@@ -26,7 +27,7 @@ def _job(root: Path, model: Path, tool_file: Path) -> dict:
                   str(out / "target.stats.json"), str(model), [str(tool_file)]],
         "settings": {"backend": "sglang", "conversations": 12, "turns": 2, "chinese_share": 0.0,
                      "tool_share": 0.5, "max_new_tokens": 8, "max_tokens": 8},
-        "answer_settings": {"max_new_tokens": 6, "temperature": 0.7},
+        "answer_settings": {"max_new_tokens": 6, "temperature": 0.7, "engine": engine},
         "engine_settings": {"engine_args": {"device": "cpu"}},
     }  # fmt: skip
 
@@ -46,7 +47,7 @@ def _run(job: dict, root: Path) -> subprocess.CompletedProcess:
     )
 
 
-def test_prompts_job_on_the_engine_counts_and_reruns_equal(tmp_path, tokenizer_dir):
+def test_prompts_job_counts_add_up_and_two_engines_write_what_one_writes(tmp_path, tokenizer_dir):
     model = tmp_path / "model"
     shutil.copytree(tokenizer_dir, model)
     (model / "config.json").write_text(json.dumps(tiny_llama_config_json()))
@@ -55,10 +56,12 @@ def test_prompts_job_on_the_engine_counts_and_reruns_equal(tmp_path, tokenizer_d
              "tools": json.dumps(TOOLS)}]  # fmt: skip
     tool_file.write_text(json.dumps(rows))
     runs = []
-    for name in ("a", "b"):
-        done = _run(_job(tmp_path / name, model, tool_file), tmp_path / name)
+    for name, engine in (("a", {}), ("b", {"engines": 2, "start_together": True})):
+        done = _run(_job(tmp_path / name, model, tool_file, engine), tmp_path / name)
         assert done.returncode == 0, done.stderr[-3000:]
         runs.append(tmp_path / name / "results" / "prompts")
+    assert "prompts" in (log := (tmp_path / "b" / "prompts.log").read_text())
+    assert "2 engines started together" in log
     stats = json.loads((runs[0] / "target.stats.json").read_text())
     assert stats["conversations"] == 12 == stats["kept"] + stats["rejected"]
     assert stats["turns_written"] == stats["turns_kept"] + stats["turns_rejected"] >= 12

@@ -1,6 +1,6 @@
 """The generation engines of a job: one or several SGLang engines on the job's GPUs, started once and fed
-every prompt the job generates from (regeneration's rounds of every split; later the target-written
-prompts too), so a job pays for one start-up, not one per split or stage.
+every prompt the job generates from (regeneration's rounds of every split, or the prompts stage's
+user turns and answers), so a job pays for one start-up, not one per split.
 
 Why several: at a small target one engine's scheduler process, not the GPU, sets the rate (SmolLM2 on an
 H200: the GPU was 14-25% busy while one engine regenerated), and SGLang's `dp_size` places each replica
@@ -34,6 +34,7 @@ from eyas.engine.sglang import (
     death_message,
     start_engine,
 )
+from eyas.engine.sglang_args import base_engine_args, generation_engine_args, user_engine_args
 from eyas.engine.sglang_models import only_needed_models
 from eyas.engine.start_turns import StartTurn
 
@@ -57,6 +58,19 @@ def _sigquit_while_starting_together(signum=None, frame=None) -> None:
 def deal(prompts: list, count: int) -> list[list[int]]:
     """Indices of `prompts` per engine: prompt i to engine i mod count (equal counts, mixed lengths)."""
     return [list(range(e, len(prompts), count)) for e in range(count)]
+
+
+def generation_engines(
+    engine_settings, generation, *, model_dir, seed: int, trust_remote_code: bool, stage: str
+) -> GenerationEngines:
+    """A job's generation engines as every generating stage builds them: the `sglang` section
+    (`engine_settings`) builds each engine, `generation` (`regenerate.engine`) sizes admission and
+    CUDA graphs and sets how many engines start and how; `stage` names them in logs and errors."""
+    base = base_engine_args(engine_settings, model_dir, "bfloat16", trust_remote_code)
+    args = generation_engine_args(
+        base | user_engine_args(engine_settings.engine_args, None), seed, generation
+    )
+    return GenerationEngines(args, count=generation.engines, stage=stage, together=generation.start_together)
 
 
 class GenerationEngines:

@@ -194,8 +194,9 @@ def run_prompts(
 ) -> dict:
     """The prompts stage: `settings` (PromptSettings) writes the user turns, `answer_settings`
     (RegenerateSettings: max_new_tokens, temperature) the answers between them, `engine_settings`
-    (the `sglang` section) configures the SGLang engine of backend sglang, sized for generation by
-    `answer_settings.engine` (`regenerate.engine`) as regeneration's are. Returns the stats."""
+    (the `sglang` section) configures the SGLang engines of backend sglang, which
+    `answer_settings.engine` (`regenerate.engine`: admission, CUDA graphs, how many engines and how
+    they start) sizes as it sizes regeneration's. Returns the stats."""
     from eyas.model.target import load_target, load_tokenizer, resolve_device
 
     tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
@@ -217,15 +218,16 @@ def run_prompts(
     answer = dict(max_new_tokens=answer_settings.max_new_tokens, temperature=answer_settings.temperature)
     run = dict(turns=settings.turns, seed=settings.seed)
     if settings.backend == "sglang":
-        engine = _start_engine(
-            engine_settings, answer_settings.engine, model_dir, settings.seed, trust_remote_code, out_prompts
-        )
-        try:
+        from eyas.engine.generation import generation_engines
+
+        engines = generation_engines(
+            engine_settings, answer_settings.engine, model_dir=model_dir, seed=settings.seed,
+            trust_remote_code=trust_remote_code, stage=f"prompts {os.fspath(out_prompts)}",
+        )  # fmt: skip
+        with engines:
             eos = {tokenizer.eos_token_id}
-            generators = (SglangGenerator(engine, eos_token_ids=eos, **kw) for kw in (user, answer))
+            generators = (SglangGenerator(engines, eos_token_ids=eos, **kw) for kw in (user, answer))
             result = write_prompts(steers, *generators, tokenizer, limits, **run)
-        finally:
-            engine.shutdown()
     else:
         model = load_target(
             model_dir, device=resolve_device(settings.device), trust_remote_code=trust_remote_code
@@ -236,17 +238,3 @@ def run_prompts(
         result = write_prompts(steers, *generators, tokenizer, limits, **run)
     _outputs(*result, out_prompts, out_rejects, out_stats)
     return result[2]
-
-
-def _start_engine(engine_settings, generation, model_dir, seed: int, trust_remote_code: bool, out_path):
-    """One SGLang engine built as the regenerate stage builds its own (`eyas.engine.sglang_args`):
-    `generation` (`regenerate.engine`) sizes admission and CUDA graphs; the stage starts one engine
-    whatever its `engines` (its work is a few seconds of generation)."""
-    from eyas.engine.sglang import start_engine
-    from eyas.engine.sglang_args import base_engine_args, generation_engine_args, user_engine_args
-
-    base = base_engine_args(engine_settings, model_dir, "bfloat16", trust_remote_code)
-    args = generation_engine_args(
-        base | user_engine_args(engine_settings.engine_args, None), seed, generation
-    )
-    return start_engine(args, speculative=False, stage=f"prompts {out_path}")

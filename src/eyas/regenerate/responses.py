@@ -384,14 +384,10 @@ def run_regenerate(
 
 def _generation_engines(settings, engine_settings, model_dir, trust_remote_code, splits):
     """The job's SGLang generation engines (`regenerate.engine`), named after the job's outputs."""
-    from eyas.engine.generation import GenerationEngines
-    from eyas.engine.sglang_args import base_engine_args, generation_engine_args, user_engine_args
+    from eyas.engine.generation import generation_engines
 
-    base = base_engine_args(engine_settings, model_dir, "bfloat16", trust_remote_code)
-    args = generation_engine_args(
-        base | user_engine_args(engine_settings.engine_args, None), settings.seed, settings.engine
-    )
     stage = "regenerate " + ", ".join(os.fspath(out) for _, out, _ in splits)
-    return GenerationEngines(
-        args, count=settings.engine.engines, stage=stage, together=settings.engine.start_together
-    )
+    return generation_engines(
+        engine_settings, settings.engine, model_dir=model_dir, seed=settings.seed,
+        trust_remote_code=trust_remote_code, stage=stage,
+    )  # fmt: skip
