@@ -164,11 +164,12 @@ def child_eyas(args) -> None:
 
 
 def _engine_args(cfg, settings, model: str) -> dict:
-    from eyas.engine.sglang_args import base_engine_args, generation_engine_args, user_engine_args
+    from eyas.engine.generation import generation_args
 
-    base = base_engine_args(cfg.sglang, model, "bfloat16", cfg.model.trust_remote_code)
-    base |= user_engine_args(cfg.sglang.engine_args, None)
-    return generation_engine_args(base, settings.seed, settings.engine)
+    return generation_args(
+        cfg.sglang, settings.engine, model_dir=model, seed=settings.seed,
+        trust_remote_code=cfg.model.trust_remote_code,
+    )  # fmt: skip
 
 
 def import_sglang_benchmark():

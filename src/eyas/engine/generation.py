@@ -60,15 +60,21 @@ def deal(prompts: list, count: int) -> list[list[int]]:
     return [list(range(e, len(prompts), count)) for e in range(count)]
 
 
+def generation_args(engine_settings, generation, *, model_dir, seed: int, trust_remote_code: bool) -> dict:
+    """Each generation engine's SGLang args: the `sglang` section (`engine_settings`) builds it,
+    `generation` (`regenerate.engine`) sizes its admission and CUDA graphs."""
+    base = base_engine_args(engine_settings, model_dir, "bfloat16", trust_remote_code)
+    base |= user_engine_args(engine_settings.engine_args, None)
+    return generation_engine_args(base, seed, generation)
+
+
 def generation_engines(
     engine_settings, generation, *, model_dir, seed: int, trust_remote_code: bool, stage: str
 ) -> GenerationEngines:
-    """A job's generation engines as every generating stage builds them: the `sglang` section
-    (`engine_settings`) builds each engine, `generation` (`regenerate.engine`) sizes admission and
-    CUDA graphs and sets how many engines start and how; `stage` names them in logs and errors."""
-    base = base_engine_args(engine_settings, model_dir, "bfloat16", trust_remote_code)
-    args = generation_engine_args(
-        base | user_engine_args(engine_settings.engine_args, None), seed, generation
+    """A job's generation engines as every generating stage builds them (`generation_args`), as many
+    and started as `generation` (`regenerate.engine`) says; `stage` names them in logs and errors."""
+    args = generation_args(
+        engine_settings, generation, model_dir=model_dir, seed=seed, trust_remote_code=trust_remote_code
     )
     return GenerationEngines(args, count=generation.engines, stage=stage, together=generation.start_together)
 
