@@ -71,9 +71,12 @@ def _batch(shape: dict, rows: int, length: int, device: torch.device):
     )
 
 
-def trainer_step(shape: dict, rows: int, length: int, device: torch.device, ttt: int):
+def trainer_step(
+    shape: dict, rows: int, length: int, device: torch.device, ttt: int, attention: str = "masked"
+):
     """A function running one real trainer step (`step.train_step`, then AdamW) of the drafter at `shape`
-    on one fixed [rows, length] batch (pinned on a GPU, as the loader hands it over)."""
+    on one fixed [rows, length] batch (pinned on a GPU, as the loader hands it over), its tree attention
+    by `attention` (train.tree_attention: masked | lse)."""
     from eyas.config import TrainSettings
     from eyas.train.distributed import World
     from eyas.train.parallel import spread_over_ranks
@@ -81,7 +84,9 @@ def trainer_step(shape: dict, rows: int, length: int, device: torch.device, ttt:
     from eyas.train.trainer import param_groups, resolve_amp
 
     settings, amp = TrainSettings(ttt_steps=ttt, select_by_tau=False), resolve_amp("auto", device)
-    spread = spread_over_ranks(_drafter(shape, device), "ddp", World(), device)
+    model = _drafter(shape, device)
+    model.attention_impl = attention  # as eyas.train.drafter_setup sets it from the settings
+    spread = spread_over_ranks(model, "ddp", World(), device)
     head = torch.randn(shape["vocab"], shape["hidden"]) * 0.02
     d2t = torch.zeros(shape["draft"], dtype=torch.int64)
     t2d = torch.zeros(shape["vocab"], dtype=torch.bool)

@@ -12,7 +12,11 @@ LENGTH tokens, profiled after warm-up in a fresh interpreter. It reports:
   set the pace);
 - the ops with the most calls and with the most self time.
 
-    python bench/train_profile.py --device cuda --shapes 16x1024 4x1024 --out OUT/train-profile.json
+`--attention masked lse` runs every shape with each of `train.tree_attention`'s implementations (steps a
+second against rows a step: the trade between batch size and optimizer steps).
+
+    python bench/train_profile.py --device cuda --shapes 16x1024 4x1024 --attention masked lse \
+        --out OUT/train-profile.json
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ from train import SHAPES, sync, trainer_step
 RECIPE_DRAFT_VOCAB = 16384  # config/gpu-smollm2.yaml vocab.draft_vocab_size
 
 
-def case_profile(rows: int, length: int, device_name: str, ttt: int = 7) -> dict:
+def case_profile(rows: int, length: int, device_name: str, ttt: int = 7, attention: str = "masked") -> dict:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     device = torch.device(device_name)
-    step = trainer_step(SHAPES["smollm2"] | {"draft": RECIPE_DRAFT_VOCAB}, rows, length, device, ttt)
+    shape = SHAPES["smollm2"] | {"draft": RECIPE_DRAFT_VOCAB}
+    step = trainer_step(shape, rows, length, device, ttt, attention)
     walls = []
     for _ in range(5):  # two warm-up steps (allocator, kernel caches), three timed
         sync(device)
@@ -56,6 +61,7 @@ def case_profile(rows: int, length: int, device_name: str, ttt: int = 7) -> dict
         "tokens_per_step": rows * length,
         "seconds_per_step": wall,
         "tokens_per_s": rows * length / wall,
+        "steps_per_s": 1 / wall,
     }
     if cuda:
         kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
@@ -84,15 +90,20 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["16x1024", "4x1024"], help="ROWSxLENGTH batches")
     ap.add_argument("--ttt", type=int, default=7, help="TTT steps (the recipe's train.ttt_steps)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads per case")
+    ap.add_argument(
+        "--attention", nargs="+", default=["masked"], choices=["masked", "lse"], help="train.tree_attention"
+    )
     args = ap.parse_args()
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     cases = []
     for shape in args.shapes:
         rows, length = (int(x) for x in shape.split("x"))
-        kwargs = {"rows": rows, "length": length, "device_name": device, "ttt": args.ttt}
-        cases.append({"rows": rows, "length": length, **run_in_child("train_profile", "case_profile", kwargs,
-                                                                     args.threads)})  # fmt: skip
-        print(json.dumps(cases[-1])[:400])
+        for attention in args.attention:
+            kwargs = {"rows": rows, "length": length, "device_name": device, "ttt": args.ttt}
+            kwargs["attention"] = attention
+            result = run_in_child("train_profile", "case_profile", kwargs, args.threads)
+            cases.append({"rows": rows, "length": length, "attention": attention, **result})
+            print(json.dumps(cases[-1])[:400])
     results = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "device": torch.cuda.get_device_name() if device == "cuda" else f"cpu x{args.threads} threads",
