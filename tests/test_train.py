@@ -74,6 +74,60 @@ def test_loader_pads_rows_to_a_multiple_with_zeros(data):
         PairedLoader(data["shards"], data["stores"], 64, 3, data["expected"], pad_multiple=0)
 
 
+def _fp8_copy(store_path: str, out) -> str:
+    """The bf16 store at `store_path` re-stored as fp8 e4m3 (same attrs and samples)."""
+    from eyas.store import HiddenStore, hidden_store_writer
+    from eyas.store.quant import fp8_quantize
+
+    store = HiddenStore(store_path)
+    taps = len(store.attrs["layer_ids"])
+    hidden = store.final.shape[1]
+    with hidden_store_writer(out, store.sample_offsets, hidden, taps, store.attrs, storage="fp8_e4m3") as w:
+        for s in range(store.num_samples):
+            aux, final = store.sample(s)  # [T, K*H], [T, H] bf16
+            states = torch.cat([aux.view(len(aux), taps, hidden), final[:, None]], dim=1)  # [T, K+1, H]
+            bits, scale = fp8_quantize(states)
+            w.write_sample(
+                s, bits[:, :taps].reshape(len(aux), -1).numpy(), bits[:, taps].numpy(), scale.numpy()
+            )
+    return str(out)
+
+
+def test_loader_hands_fp8_stores_over_as_bits_dequantized_on_the_device(data, tmp_path):
+    from eyas.store import HiddenStore
+
+    fp8 = [_fp8_copy(path, tmp_path / f"fp8-{i}.zarr") for i, path in enumerate(data["stores"])]
+
+    def check_values(loader, stores, batch, rows):
+        moved = batch.to("cpu", torch.float32)
+        assert moved.scale is None and moved.aux.dtype == moved.final.dtype == torch.float32
+        for row, (pair, sample, length) in enumerate(loader.samples[rows].tolist()):
+            aux, final = stores[pair].sample(sample)  # bf16, or float32 dequantized on the host
+            assert torch.equal(moved.aux[row, :length], aux.float())
+            assert torch.equal(moved.final[row, :length], final.float())
+        assert not moved.aux[~moved.valid].any() and not moved.final[~moved.valid].any()  # padding: zeros
+
+    loader = PairedLoader(data["shards"], fp8, 64, 3, data["expected"], prefetch=0, pad_multiple=8)
+    stores = [HiddenStore(path) for path in fp8]
+    for batch, rows in zip(loader.epoch(0), loader.plan(0), strict=True):
+        assert batch.aux.dtype == batch.final.dtype == torch.uint8 and batch.scale.dtype == torch.float32
+        assert batch.scale.shape == (*batch.final.shape[:2], 4)  # 3 taps and the final state
+        check_values(loader, stores, batch, rows)
+    # an fp8 store beside a bf16 one: a batch drawing on both is dequantized on the host (float32)
+    mixed_paths = [fp8[0], data["stores"][1]]
+    mixed = PairedLoader(data["shards"], mixed_paths, 64, 3, data["expected"], prefetch=0)
+    kinds = {(0,): torch.uint8, (1,): torch.bfloat16, (0, 1): torch.float32}
+    seen = set()
+    for batch, rows in zip(mixed.epoch(0), mixed.plan(0), strict=True):
+        pairs = tuple(np.unique(mixed.samples[rows, 0]).tolist())
+        assert batch.aux.dtype == kinds[pairs] and (batch.scale is not None) == (pairs == (0,))
+        check_values(mixed, [HiddenStore(path) for path in mixed_paths], batch, rows)
+        seen.add(pairs)
+    assert (0, 1) in seen
+    with pytest.raises(ValueError, match="has no fp8 bits"):
+        HiddenStore(data["stores"][0]).stored_sample_into(0, *(torch.empty(0),) * 3)
+
+
 def test_data_fraction_keeps_nested_conversation_subsets():
     ids = [f"conv-{i}" for i in range(2000)]
     kept = {f: {c for c in ids if conversation_kept(c, f, seed=0)} for f in (0.25, 0.5, 1.0)}

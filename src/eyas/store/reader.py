@@ -98,6 +98,18 @@ class HiddenStore:
         for name, out in (("aux", aux_out), ("final", final_out)):
             self._rows[name](lo, hi, out=out.view(torch.uint16).numpy())
 
+    def stored_sample_into(
+        self, index: int, aux_out: torch.Tensor, final_out: torch.Tensor, scale_out: torch.Tensor
+    ) -> None:
+        """Sample `index` of an fp8 store as stored, chunks decoded straight into aux_out [T, K*H] and
+        final_out [T, H] (uint8: e4m3 bits) and scale_out [T, K+1] (float32), contiguous CPU tensors:
+        the bits are dequantized later, on the device (`eyas.train.loader.Batch.to`)."""
+        if self.scale is None:
+            raise ValueError(f"{self.path}: a {self.storage} store has no fp8 bits and scales")
+        lo, hi = int(self.sample_offsets[index]), int(self.sample_offsets[index + 1])
+        for name, out in (("aux", aux_out), ("final", final_out), ("scale", scale_out)):
+            self._rows[name](lo, hi, out=out.numpy())
+
     def sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(aux [T, K*H], final [T, H]): bf16 tensors from a bf16 store, float32 ones (dequantized)
         from an fp8 store."""

@@ -3,10 +3,10 @@
 Token shards are small (5 bytes/token) and are read whole to plan batches; hidden states are read lazily,
 sample by sample, by a few reader threads, each with its own open zarr stores (opened inside the reader,
 never shared across a fork); Blosc decoding releases the GIL, so the readers decode in parallel and batches
-still come out in plan order. Hidden states stay in the store's dtype (bf16: half the bytes to pin and copy)
-and take the compute dtype on the device (`Batch.to`). Batches are right-padded rows of single samples, so
-the drafter needs no attention mask. The plan of an epoch depends only on (seed, epoch): a resumed run skips
-batches without reading them.
+still come out in plan order. Hidden states stay as stored (bf16: half the bytes to pin and copy; fp8: the
+e4m3 bits and their scales, a quarter) and take the compute dtype on the device (`Batch.to`). Batches are
+right-padded rows of single samples, so the drafter needs no attention mask. The plan of an epoch depends
+only on (seed, epoch): a resumed run skips batches without reading them.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from torch import Tensor
 from eyas.core.provenance import sha256_array
 from eyas.data.formats import conversation_id
 from eyas.store import HiddenStore, ProvenanceError, check_provenance, read_token_shard
+from eyas.store.quant import fp8_dequantize
 
 TOKEN_FIELDS = ("model_id", "tokenizer_hash", "chat_template_hash")  # provenance a token shard carries
 SORT_WINDOW = 64  # at least this many samples sorted by length together (less padding) ...
@@ -49,25 +50,38 @@ def conversation_kept(sample_id: str, fraction: float, seed: int) -> bool:
 
 @dataclass
 class Batch:
-    aux: Tensor  # [B, T, K*H] bf16 (bf16 store) or float32 (fp8 store, dequantized)
+    aux: Tensor  # [B, T, K*H] bf16 (bf16 stores), e4m3 bits as uint8 (fp8 stores: see scale) or float32
     final: Tensor  # [B, T, H] same dtype as aux
     input_ids: Tensor  # [B, T] int64, 0 past each row's length
     loss_mask: Tensor  # [B, T] int64
     valid: Tensor  # [B, T] bool, True on real tokens
     lengths: Tensor  # [B] int64
+    scale: Tensor | None = None  # [B, T, K+1] float32 when aux and final hold fp8 bits, else None
 
     @property
     def num_tokens(self) -> int:
         return int(self.lengths.sum())
 
     def pin(self) -> Batch:
-        return Batch(*(getattr(self, f).pin_memory() for f in self.__dataclass_fields__))
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return Batch(**{f: t if t is None else t.pin_memory() for f, t in fields.items()})
 
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> Batch:
-        """On `device`, hidden states in `dtype` (the compute dtype; the cast runs there, after the
-        smaller copy)."""
-        moved = {f: getattr(self, f).to(device, non_blocking=True) for f in self.__dataclass_fields__}
-        moved["aux"], moved["final"] = moved["aux"].to(dtype), moved["final"].to(dtype)
+        """On `device`, hidden states in `dtype` (the compute dtype). The cast, and an fp8 batch's
+        dequantization, run there, after the smaller copy: fp8 bits are a quarter of float32's bytes,
+        and dequantizing on the host cost the readers ~15x the work of decoding the bits."""
+        moved = {
+            f: t if t is None else t.to(device, non_blocking=True)
+            for f, t in ((f, getattr(self, f)) for f in self.__dataclass_fields__)
+        }
+        aux, final, scale = moved["aux"], moved["final"], moved.pop("scale")
+        if scale is not None:
+            rows, length, taps = scale.shape[0], scale.shape[1], scale.shape[2] - 1
+            width = aux.shape[2] // taps  # explicit: an empty batch has no -1 to infer
+            aux = fp8_dequantize(aux.view(rows, length, taps, width), scale[..., :taps])
+            aux = aux.view(rows, length, taps * width)
+            final = fp8_dequantize(final, scale[..., taps])  # [B, T, H]
+        moved["aux"], moved["final"] = aux.to(dtype), final.to(dtype)
         return Batch(**moved)
 
 
@@ -173,18 +187,27 @@ class PairedLoader:
         t_max = -(-int(picks[:, 2].max()) // self.pad_multiple) * self.pad_multiple  # rounded up
         b = len(picks)
         # Allocated pinned when asked, and filled in place: stored chunks decode straight into the
-        # batch (no per-sample tensors, no pinning copy). bf16 unless an fp8 store is among them.
+        # batch (no per-sample tensors, no pinning copy). As stored: bf16, or fp8 bits and scales
+        # (dequantized on the device, Batch.to); float32 where bf16 and fp8 stores meet in one batch.
         used = [self._store(pair, stores) for pair in np.unique(picks[:, 0]).tolist()]
-        dtype = torch.bfloat16 if all(st.sample_dtype == torch.bfloat16 for st in used) else torch.float32
+        storages = {st.storage for st in used}
+        fp8 = storages == {"fp8_e4m3"}
+        dtype = torch.uint8 if fp8 else torch.bfloat16 if storages == {"bf16"} else torch.float32
         pin = self.pin_memory
         ids = torch.zeros(b, t_max, dtype=torch.int64, pin_memory=pin)
         mask = torch.zeros(b, t_max, dtype=torch.int64, pin_memory=pin)
         aux = torch.empty(b, t_max, used[0].aux.shape[1], dtype=dtype, pin_memory=pin)  # [B, T, K*H]
         final = torch.empty(b, t_max, used[0].final.shape[1], dtype=dtype, pin_memory=pin)  # [B, T, H]
+        scale = torch.empty(b, t_max, used[0].scale.shape[1], pin_memory=pin) if fp8 else None  # [B, T, K+1]
         for row, (pair, s, length) in enumerate(picks.tolist()):
-            self._store(pair, stores).sample_into(s, aux[row, :length], final[row, :length])
-            aux[row, length:] = 0  # padding: zeros, never stale memory (NaN bits would leak through
-            final[row, length:] = 0  # attention's zero weights)
+            store = self._store(pair, stores)
+            if fp8:
+                store.stored_sample_into(s, aux[row, :length], final[row, :length], scale[row, :length])
+                scale[row, length:] = 0
+            else:
+                store.sample_into(s, aux[row, :length], final[row, :length])
+            aux[row, length:] = 0  # padding: zeros (+0.0 as e4m3 bits too), never stale memory (NaN
+            final[row, length:] = 0  # bits would leak through attention's zero weights)
             input_ids, loss_mask, offsets = self.tokens[pair]
             lo = int(offsets[s])
             ids[row, :length] = torch.from_numpy(input_ids[lo : lo + length].astype(np.int64))
@@ -193,7 +216,7 @@ class PairedLoader:
         valid = torch.arange(t_max)[None, :] < lengths[:, None]
         if pin:
             lengths, valid = lengths.pin_memory(), valid.pin_memory()
-        return Batch(aux, final, ids, mask, valid, lengths)
+        return Batch(aux, final, ids, mask, valid, lengths, scale)
 
     def _store(self, pair: int, stores: dict[int, HiddenStore]) -> HiddenStore:
         if pair not in stores:
