@@ -69,7 +69,8 @@ class Batch:
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> Batch:
         """On `device`, hidden states in `dtype` (the compute dtype). The cast, and an fp8 batch's
         dequantization, run there, after the smaller copy: fp8 bits are a quarter of float32's bytes,
-        and readers that dequantized fed 1.9x-3.5x fewer tokens a second (bench/results/loader-storage.json)."""
+        and readers that dequantized fed 1.9x-3.5x fewer tokens a second
+        (bench/results/loader-storage.json)."""
         moved = {
             f: t if t is None else t.to(device, non_blocking=True)
             for f, t in ((f, getattr(self, f)) for f in self.__dataclass_fields__)
