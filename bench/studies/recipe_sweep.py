@@ -33,6 +33,7 @@ import yaml
 
 from eyas.config import TrainSettings, load_config
 from eyas.core.atomic import atomic_file
+from eyas.core.logs import setup_stage_logging
 from eyas.store import read_token_shard, shard_paths
 from eyas.train.job import train_inputs as job_inputs
 
@@ -136,6 +137,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/eyas-sweep"))
     parser.add_argument("--no-served", action="store_true", help="train only (CPU smoke runs)")
     args = parser.parse_args()
+    # eyas's records on stderr: each epoch's pace (tok/s, seconds waited for the loader's batches)
+    setup_stage_logging(None, "recipe_sweep")
     plan = json.loads(args.plan.read_text())
     config = merged_config(plan["configs"])
     base = dataclasses.replace(config.train, progress=False, checkpoint_every=0)
