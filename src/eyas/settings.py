@@ -158,7 +158,9 @@ class TrainSettings:
     equal up to rounding; not for MLA drafters, which keep `masked`). On one CPU thread the attention's
     forward and backward over 7 TTT steps at 512 and 1,024 tokens took 1.12-1.46x less time with `lse`,
     and in bf16 it lay no farther from the float32 result than `masked` (0.7-0.8% against 0.8-1.4%;
-    bench/results/tree-attention-cpu.json). `masked` until it is measured on a GPU."""
+    bench/results/tree-attention-cpu.json). On an H100 a whole trainer step was 1.25-1.34x faster with
+    `lse` at 1,024-token rows and no faster at 512-token rows (bench/results/train-steps-h100.json); the
+    default stays `masked` until a served tau is measured with `lse`."""
     step_weight: float = bounded(0.8, gt=0, le=1)
     """Loss weight of step i is step_weight**i (1 = every step alike)."""
     seed: int = bounded(0, ge=0, le=SEED_MAX)
