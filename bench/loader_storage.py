@@ -26,15 +26,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from train import bench_token_shard
 
-from eyas.core.layer_ids import LAYER_ID_CONVENTION
-from eyas.core.provenance import sha256_array
-from eyas.store import bf16_to_uint16, hidden_store_writer, read_token_shard, write_token_shard
+from eyas.store import bf16_to_uint16, hidden_store_writer
 from eyas.store.quant import fp8_quantize
 from eyas.train.loader import PairedLoader
 
 HIDDEN, TAPS = 576, 3  # SmolLM2-135M: hidden 576, EAGLE-3's 3 taps
-PROVENANCE = {"model_id": "bench", "tokenizer_hash": "t", "chat_template_hash": "c"}
 
 
 def write_pair(root: Path, storage: str, tokens: int, seed: int = 0) -> tuple[str, str]:
@@ -43,17 +41,8 @@ def write_pair(root: Path, storage: str, tokens: int, seed: int = 0) -> tuple[st
     lengths = []
     while sum(lengths) < tokens:  # chat-like: mean ~330, a long tail
         lengths.append(int(np.clip(rng.lognormal(5.5, 0.8), 16, 2048)))
-    data = [(rng.integers(0, 49152, n).astype(np.int32), np.ones(n, np.uint8)) for n in lengths]
     tok, hid = root / f"tok-{storage}.zarr", root / f"hid-{storage}.zarr"
-    write_token_shard(tok, data, [f"s{i}" for i in range(len(lengths))], PROVENANCE)
-    shard = read_token_shard(tok)
-    attrs = {
-        **PROVENANCE,
-        "model_hash": "m",
-        "layer_ids": [1, 14, 26],
-        "layer_id_convention": LAYER_ID_CONVENTION,
-        "tokens_checksum": sha256_array(shard.input_ids),
-    }
+    shard, attrs = bench_token_shard(tok, lengths, 49152, rng, [1, 14, 26])
     gen = torch.Generator().manual_seed(seed)
     with hidden_store_writer(hid, shard.sample_offsets, HIDDEN, TAPS, attrs, storage=storage) as writer:
         for s, n in enumerate(lengths):

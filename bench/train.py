@@ -136,12 +136,31 @@ def case_train(shape_name: str, rows: int, length: int, steps: int, device_name:
     }
 
 
+def bench_token_shard(path: Path, lengths, vocab: int, rng: np.random.Generator, layer_ids: list[int]):
+    """A token shard of random tokens, one sample per length, written at `path` (every token in the
+    loss), and the provenance attrs a hidden store of it carries (model_hash "m"): (shard, attrs)."""
+    from eyas.core.layer_ids import LAYER_ID_CONVENTION
+    from eyas.core.provenance import sha256_array
+    from eyas.store import read_token_shard, write_token_shard
+
+    prov = {"model_id": "bench", "tokenizer_hash": "t", "chat_template_hash": "c"}
+    data = [(rng.integers(0, vocab, int(n)).astype(np.int32), np.ones(int(n), np.uint8)) for n in lengths]
+    write_token_shard(path, data, [f"s{i}" for i in range(len(lengths))], prov)
+    shard = read_token_shard(path)
+    attrs = {
+        **prov,
+        "model_hash": "m",
+        "layer_ids": list(layer_ids),
+        "layer_id_convention": LAYER_ID_CONVENTION,
+        "tokens_checksum": sha256_array(shard.input_ids),
+    }
+    return shard, attrs
+
+
 def case_loader(shape_name: str, samples: int, length: int, budget: int, readers: int, pin: bool) -> dict:
     """Read rate of PairedLoader (reader threads, zarr + Blosc decode, pinning as the trainer on a GPU
     asks) over real stores on disk."""
-    from eyas.core.layer_ids import LAYER_ID_CONVENTION
-    from eyas.core.provenance import sha256_array
-    from eyas.store import bf16_to_uint16, hidden_store_writer, read_token_shard, write_token_shard
+    from eyas.store import bf16_to_uint16, hidden_store_writer
     from eyas.train.loader import PairedLoader
 
     shape = SHAPES[shape_name]
@@ -150,17 +169,7 @@ def case_loader(shape_name: str, samples: int, length: int, budget: int, readers
     with tempfile.TemporaryDirectory(prefix="eyas-bench-") as tmp:
         tok, hid = Path(tmp) / "tok.zarr", Path(tmp) / "hid.zarr"
         lengths = rng.integers(length // 2, length + 1, samples)
-        data = [(rng.integers(0, shape["vocab"], n).astype(np.int32), np.ones(n, np.uint8)) for n in lengths]
-        prov = {"model_id": "bench", "tokenizer_hash": "t", "chat_template_hash": "c"}
-        write_token_shard(tok, data, [f"s{i}" for i in range(samples)], prov)
-        shard = read_token_shard(tok)
-        attrs = {
-            **prov,
-            "model_hash": "m",
-            "layer_ids": [1, 2, 3],
-            "layer_id_convention": LAYER_ID_CONVENTION,
-            "tokens_checksum": sha256_array(shard.input_ids),
-        }
+        shard, attrs = bench_token_shard(tok, lengths, shape["vocab"], rng, [1, 2, 3])
         with hidden_store_writer(hid, shard.sample_offsets, h, 3, attrs) as writer:
             for s, n in enumerate(lengths):
                 aux = torch.randn(int(n), 3 * h) * 2.0  # realistic magnitudes; mantissa bits are noise
