@@ -13,6 +13,7 @@ from eyas.core.acceptance import (
     tau,
     tau_from_completions,
     tau_sglang,
+    walked_counts,
 )
 from eyas.evaluate.specdec import SpecStats
 
@@ -55,3 +56,14 @@ def test_an_unreached_position_has_no_rate():
 def test_prompt_budget_leaves_room_for_the_longest_chain():
     assert max_prompt_tokens(2048, 48, 4) == 2048 - 48 - 10
     assert max_prompt_tokens(2048, 48, [3, 5]) == max_prompt_tokens(2048, 48, 5)
+
+
+def test_the_walk_starts_each_chain_where_the_last_one_ended():
+    run = [2, 0, 0, 1, 0, 0]  # leading correct drafts at each index
+    # passes at 0 (2 accepted), 3 (1), 5 (0): 6 tokens in 3 passes, where the average over every index
+    # as a chain start, (3 + 1 + 1 + 2 + 1 + 1) / 6 = 1.5, would be another figure
+    assert walked_counts(run, [True] * 6, k=3) == (6, 3)
+    assert walked_counts(run, [True] * 6, k=1) == (2 + 1 + 2 + 1, 4)  # chains cut at k = 1: 0, 2, 3, 5
+    # a prompt stretch (no start) is stepped over; the walk resumes at the next start
+    assert walked_counts([1, 3, 0, 0, 1, 0], [True, False, False, True, True, True], k=3) == (2 + 1 + 2, 3)
+    assert walked_counts([1, 1], [False, False], k=3) == (0, 0)

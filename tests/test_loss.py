@@ -101,6 +101,8 @@ def test_step_weights_and_conditional_accuracy():
     assert m["acc"] == pytest.approx([2 / 3, 1 / 2])
     assert m["cond_count"] == [3, 1]  # index 0 fails step 0, so only index 1 conditions step 1
     assert m["cond_acc"] == pytest.approx([2 / 3, 0.0])
+    # index 0 fails step 0; index 1 passes step 0 only; index 2's step 1 would predict past the end
+    assert m["accept_run"].tolist() == [[0, 1, 1, 0, 0]]
     assert loss.item() == pytest.approx(m["loss"][0] + 0.5 * m["loss"][1], rel=1e-6)
 
 

@@ -106,6 +106,25 @@ def test_perfect_drafter_scores_one(stores, tiny_model_dir):
     # Every teacher argmax is drafted, so step k counts the trained tokens at indices >= 2 + k.
     assert out["count"] == [sum(int(m[2 + k :].sum()) for m in masks) for k in range(3)]
     assert out["num_samples"] == len(LENGTHS) and out["num_tokens"] == sum(LENGTHS)
+    assert out["simulated_tau_by_k"] == pytest.approx([2.0, 3.0, 4.0])
+    assert out["walked_tau_by_k"] == pytest.approx([perfect_walk_tau(masks, k) for k in (1, 2, 3)])
+
+
+def perfect_walk_tau(masks: list[np.ndarray], k: int) -> float:
+    """Greedy decoding with a drafter that is never wrong, walked one index at a time: a pass at t
+    (token t+2 trained) accepts the drafts up to k that stay on trained tokens inside the sample."""
+    emitted = passes = 0
+    for mask in masks:
+        t = 0
+        while t + 2 < len(mask):
+            if not mask[t + 2]:
+                t += 1
+                continue
+            accepted = 0
+            while accepted < k and t + 2 + accepted < len(mask) and mask[t + 2 + accepted]:
+                accepted += 1
+            emitted, passes, t = emitted + accepted + 1, passes + 1, t + accepted + 1
+    return emitted / passes
 
 
 def test_metrics_do_not_depend_on_batching(stores, tiny_model_dir):
@@ -119,7 +138,7 @@ def test_metrics_do_not_depend_on_batching(stores, tiny_model_dir):
         for b in (14, 64)
     ]
     assert runs[0]["num_batches"] == len(LENGTHS) and runs[1]["num_batches"] == 1
-    for name in ("count", "cond_count", "accuracy", "conditional_accuracy"):
+    for name in ("count", "cond_count", "accuracy", "conditional_accuracy", "walked_tau_by_k"):
         assert runs[0][name] == runs[1][name], name
     assert runs[0]["loss"] == pytest.approx(runs[1]["loss"], rel=1e-5)
     out = runs[0]

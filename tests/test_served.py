@@ -140,7 +140,8 @@ def served_result(ks=(3, 4)) -> dict:
 
 OFFLINE = {
     "ttt_steps": 2, "accuracy": [0.5, 0.2], "conditional_accuracy": [0.5, 0.3], "simulated_tau": 1.6,
-    "count": [4, 4], "cond_count": [4, 2], "loss": [1.0, 2.0], "num_samples": 1, "num_tokens": 8,
+    "simulated_tau_by_k": [1.5, 1.6], "walked_tau_by_k": [1.4, 1.5], "count": [4, 4], "cond_count": [4, 2],
+    "loss": [1.0, 2.0], "num_samples": 1, "num_tokens": 8,
 }  # fmt: skip
 
 
@@ -169,6 +170,7 @@ def test_summary_from_served_figures_alone_and_beside_hf(tmp_path):
     served_only = tau_table(summary | {"meta": {"backend": "sglang"}})
     assert {r["backend"] for r in served_only} == {"sglang"}
     assert {r["k"] for r in served_only} == {3, 4} and served_only[0]["tokens_per_s_batched"] == 400.0
+    assert {r["walked_tau"] for r in served_only} == {None}  # k = 3, 4: past the 2 TTT steps measured offline
     plot_tau(summary, tmp_path / "tau.png")
     assert (tmp_path / "tau.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

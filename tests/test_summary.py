@@ -27,6 +27,8 @@ OFFLINE = {
     "conditional_accuracy": [0.6, 0.4, None],
     "loss": [2.0, 2.5, None],
     "simulated_tau": 1.84,
+    "simulated_tau_by_k": [1.6, 1.84, 1.84],
+    "walked_tau_by_k": [1.5, 1.7, 1.7],
     "seconds": 0.1,
 }
 
@@ -82,6 +84,11 @@ def test_writes_json_and_png(tmp_path, reports):
     assert (
         rows["heldout", "untrained"]["simulated_tau"] == 1.1
         and rows["heldout", "trained"]["tau"] == head["tau"]
+    )
+    # the offline figures at the row's k = 2 (index 1 of the by-k lists)
+    assert (rows["heldout", "trained"]["walked_tau_k"], rows["heldout", "trained"]["simulated_tau_k"]) == (
+        1.7,
+        1.84,
     )
     assert head["tau_by_set"] == {"heldout": {"trained": trained["tau"], "untrained": untrained["tau"]}}
     assert sorted(p.name for p in out_json.parent.iterdir()) == ["acceptance.png", "summary.json"]

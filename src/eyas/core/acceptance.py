@@ -14,6 +14,8 @@ Two accept lengths, over the same verify passes of a chain of k drafts:
 
 from __future__ import annotations
 
+import numpy as np
+
 
 def ratio(num: float, den: float) -> float | None:
     """num / den, or None where there is nothing to divide by (a rate of no events is unknown, not 0)."""
@@ -44,6 +46,36 @@ def simulated_tau(conditional_acc: list[float]) -> float:
         prod *= acc
         total += prod
     return total
+
+
+def walked_counts(accept_run, chain_start, k: int) -> tuple[int, int]:
+    """(tokens emitted, verify passes) of greedy chain decoding walked along one held-out sample.
+
+    accept_run [T] int: leading correct drafting steps at index t (drafts t+2, t+3, ... all equal to
+    the target's greedy tokens); chain_start [T] bool: a pass may start at t (token t+2 is a response
+    token). From the first start, a pass accepts a = min(accept_run[t], k) drafts, emits a + 1 tokens
+    and the next pass starts at t + a + 1, as in served decoding; an index that is no start (a prompt
+    or user turn) is stepped over. `simulated_tau` averages over every index as a chain start; the walk
+    crosses an easy stretch in fewer passes than a hard one of the same length, so over stretches of
+    steady acceptance its tau is their token-weighted harmonic mean, not the arithmetic one: the
+    served kind of tau.
+    """
+    run, start = np.asarray(accept_run), np.asarray(chain_start, dtype=bool)
+    starts = np.flatnonzero(start)  # ascending
+    emitted = passes = 0
+    i = 0
+    while i < len(starts):
+        t = int(starts[i])
+        a = min(int(run[t]), k)
+        emitted += a + 1
+        passes += 1
+        i = int(np.searchsorted(starts, t + a + 1))  # the first start at or after the next pass
+    return emitted, passes
+
+
+def at_chain_length(by_k: list | None, k: int):
+    """The entry for chain length k of a list indexed k - 1 (None past its end or without a list)."""
+    return by_k[k - 1] if by_k and 1 <= k <= len(by_k) else None
 
 
 def counts_from_histograms(histograms: list[list[int]], k: int) -> tuple[list[int], list[int], list[int]]:

@@ -12,6 +12,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
+from eyas.core.acceptance import at_chain_length
 from eyas.core.atomic import atomic_file
 from eyas.evaluate.figures import new_figure, save_figure
 
@@ -35,10 +36,11 @@ def write_tsv(rows: list[dict], out: str | os.PathLike) -> None:
 
 # --------------------------------------------------------------------------- tau
 def tau_table(summary: dict) -> list[dict]:
-    """One row per (set, drafter, backend, k): real tau, simulated tau (offline, held-out stores), speed
+    """One row per (set, drafter, backend, k): real tau, simulated tau over all TTT steps and walked tau
+    at k (offline, held-out stores: `evaluate_offline`), speed
     at batch size 1 and, served, at the engine's concurrency. Rows of the HF loop come from `table`
     (unless only SGLang served, when `table` restates served figures), served rows from `served`."""
-    simulated = {d: r.get("simulated_tau") for d, r in (summary.get("offline_by_drafter") or {}).items()}
+    offline = summary.get("offline_by_drafter") or {}
     hf_rows = [] if summary.get("meta", {}).get("backend") == "sglang" else summary["table"]
     served_rows = (summary.get("served") or {}).get("table") or []
     width = max((len(r["acceptance_by_position"] or []) for r in [*hf_rows, *served_rows]), default=0)
@@ -46,14 +48,17 @@ def tau_table(summary: dict) -> list[dict]:
     for row, backend in [*((r, "hf") for r in hf_rows), *((r, "sglang") for r in served_rows)]:
         acc = list(row["acceptance_by_position"] or [])
         served = backend == "sglang"
+        k = row["k"] if served else len(acc)
+        drafter_offline = offline.get(row["drafter"], {})
         rows.append(
             {
                 "set": row["set"],
                 "drafter": row["drafter"],
                 "backend": backend,
-                "k": row["k"] if served else len(acc),
+                "k": k,
                 "tau": row["tau"],
-                "simulated_tau": simulated.get(row["drafter"]) if served else row["simulated_tau"],
+                "simulated_tau": drafter_offline.get("simulated_tau") if served else row["simulated_tau"],
+                "walked_tau": at_chain_length(drafter_offline.get("walked_tau_by_k"), k),
                 "speedup": row["speedup_bs1"] if served else row["speedup"],
                 "spec_tokens_per_s": row["tokens_per_s_bs1"] if served else row["spec_tokens_per_s"],
                 "tokens_per_s_batched": row.get("tokens_per_s_batched"),
@@ -84,13 +89,14 @@ def plot_tau(summary: dict, out: str | os.PathLike) -> list[dict]:
     left.legend()
     primary = summary["headline"]["set"]
     for row in summary["table"]:
-        if row["set"] == primary and row["tau"] is not None and row["simulated_tau"] is not None:
-            right.plot(row["simulated_tau"], row["tau"], "o")
-            right.annotate(row["drafter"], (row["simulated_tau"], row["tau"]), textcoords="offset points",
-                           xytext=(4, 4))  # fmt: skip
+        offline = row.get("walked_tau_k")
+        if row["set"] == primary and row["tau"] is not None and offline is not None:
+            right.plot(offline, row["tau"], "o")
+            right.annotate(row["drafter"], (offline, row["tau"]), textcoords="offset points", xytext=(4, 4))
     k = summary["specdec"]["num_draft_tokens"]
-    right.plot([1, k + 1], [1, k + 1], ":", color="grey", label="real = simulated")
-    right.set(title=f"Simulated vs real tau ({primary})", xlabel="simulated tau (offline)", ylabel="real tau")
+    right.plot([1, k + 1], [1, k + 1], ":", color="grey", label="real = walked")
+    right.set(title=f"Walked vs real tau at k = {k} ({primary})", xlabel="walked tau (offline, held-out)",
+              ylabel="real tau")  # fmt: skip
     right.legend()
     if served:
         _plot_served(served, axes[2], axes[3])

@@ -12,6 +12,7 @@ import json
 import math
 import os
 
+from eyas.core.acceptance import at_chain_length
 from eyas.core.atomic import atomic_file
 from eyas.evaluate.figures import new_figure, save_figure
 
@@ -38,6 +39,8 @@ OFFLINE_FIELDS = (
     "accuracy",
     "conditional_accuracy",
     "simulated_tau",
+    "simulated_tau_by_k",
+    "walked_tau_by_k",
     "count",
     "cond_count",
     "loss",
@@ -130,13 +133,20 @@ def _pick_offline(offline: dict) -> dict:
 
 
 def _tau_table(sets: dict, offline_by: dict) -> list[dict]:
-    """One row per set and drafter: real tau beside simulated tau."""
+    """One row per set and drafter: real tau beside the drafter's offline figures: simulated tau over
+    all its TTT steps, and simulated and walked tau at the row's k (`evaluate_offline`)."""
     return [
         {
             "set": set_name,
             "drafter": d,
             "tau": r["tau"],
             "simulated_tau": offline_by.get(d, {}).get("simulated_tau"),
+            "simulated_tau_k": at_chain_length(
+                offline_by.get(d, {}).get("simulated_tau_by_k"), r["num_draft_tokens"]
+            ),
+            "walked_tau_k": at_chain_length(
+                offline_by.get(d, {}).get("walked_tau_by_k"), r["num_draft_tokens"]
+            ),
             "speedup": r["speedup"],
             "spec_tokens_per_s": r["spec_tokens_per_s"],
             "acceptance_by_position": r["acceptance_by_position"],

@@ -60,12 +60,15 @@ class TrainLog:
 
 
 def write_epochs(path: Path, epochs: list[dict], steps: int) -> None:
-    """One row per finished epoch: coverage, padding and held-out metrics (empty when not measured)."""
-    columns = [*EPOCH_COLUMNS, *(f"cond_acc_{k}" for k in range(steps)), *(f"acc_{k}" for k in range(steps))]
+    """One row per finished epoch: coverage, padding and held-out metrics (empty when not measured);
+    `walked_tau_k<k>` is the held-out walked tau at chain length k = 1..steps."""
+    columns = [*EPOCH_COLUMNS, *(f"cond_acc_{k}" for k in range(steps)), *(f"acc_{k}" for k in range(steps)),
+               *(f"walked_tau_k{k + 1}" for k in range(steps))]  # fmt: skip
     with atomic_file(path) as fh:
         out = csv.writer(fh)
         out.writerow(columns)
         for e in epochs:
             cond = e.get("conditional_accuracy") or [None] * steps
             acc = e.get("accuracy") or [None] * steps
-            out.writerow([*(e.get(c) for c in EPOCH_COLUMNS), *cond, *acc])
+            walked = e.get("walked_tau_by_k") or [None] * steps
+            out.writerow([*(e.get(c) for c in EPOCH_COLUMNS), *cond, *acc, *walked])

@@ -1,4 +1,4 @@
-"""Held-out drafter metrics on hidden stores: per-step and conditional accuracy, simulated tau.
+"""Held-out drafter metrics on hidden stores: per-step and conditional accuracy, simulated and walked tau.
 
 Training chooses its best epoch by them (validation.py); the evaluate stage reports them as the
 "offline" metrics of every drafter.
@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eyas.core.acceptance import ratio, simulated_tau
+from eyas.core.acceptance import ratio, simulated_tau, walked_counts
 from eyas.model.target import load_embed_and_head
 from eyas.store import ProvenanceError
 from eyas.train.loader import PairedLoader, pad_multiple_for
-from eyas.train.loss import teacher_from_final, ttt_loss
+from eyas.train.loss import shift_left, teacher_from_final, ttt_loss
 
 if TYPE_CHECKING:
     from eyas.model.drafter import Eagle3Drafter
@@ -59,7 +59,11 @@ def evaluate_offline(
     (drafter argmax == teacher argmax), `cond_count` / `conditional_accuracy` (among positions whose
     earlier steps were all correct), `loss` (mean soft-CE), plus `simulated_tau` = 1 + sum_k prod_{j<=k}
     conditional_accuracy_j, and sample/token counts. A step without positions reports None (and
-    contributes 0 to tau). The stores are checked against `expected_provenance` and the drafter's taps.
+    contributes 0 to tau). By chain length k = 1..ttt_steps: `simulated_tau_by_k` (the same product
+    cut at k) and `walked_tau_by_k`, the tau of decoding walked along the held-out responses
+    (`walked_counts`): served decoding starts its chains where the last one ended, so it is the one
+    to set beside a served tau at that k. The stores are checked against `expected_provenance` and
+    the drafter's taps.
     """
     if ttt_steps < 1:
         raise ValueError(f"ttt_steps={ttt_steps} must be >= 1")
@@ -73,6 +77,7 @@ def evaluate_offline(
     head, draft_target_ids, t2d = _teacher_head(drafter, model_dir, device)
 
     sums = {name: [0.0] * ttt_steps for name in ("count", "correct", "cond_count", "cond_correct", "loss")}
+    walked = {"emitted": [0] * ttt_steps, "passes": [0] * ttt_steps}
     tokens, batches = 0, 0
     start = time.perf_counter()
     for batch in loader.epoch(0):
@@ -83,6 +88,9 @@ def evaluate_offline(
         teacher, in_vocab = teacher_from_final(batch.final, head, draft_target_ids, t2d)
         _, metrics = ttt_loss(step_logits, teacher, in_vocab, batch.loss_mask, batch.valid)
         _add_batch(sums, metrics)
+        # a chain may start at index t when token t+2 is a trained response token
+        chain_start = shift_left(batch.loss_mask.bool() & batch.valid.bool(), 2, False)  # [B, T]
+        _add_walks(walked, metrics["accept_run"].cpu().numpy(), chain_start.cpu().numpy())
         tokens += batch.num_tokens
         batches += 1
     return {
@@ -91,6 +99,7 @@ def evaluate_offline(
         "num_tokens": tokens,
         "num_batches": batches,
         **_step_metrics(sums),
+        "walked_tau_by_k": [ratio(e, p) for e, p in zip(walked["emitted"], walked["passes"], strict=True)],
         "seconds": time.perf_counter() - start,
     }
 
@@ -118,6 +127,15 @@ def _add_batch(sums: dict[str, list[float]], metrics: dict) -> None:
         sums["loss"][k] += metrics["loss"][k] * count
 
 
+def _add_walks(walked: dict[str, list[int]], accept_run, chain_start) -> None:
+    """Add the walked decoding of every row ([B, T] arrays) at every chain length k to `walked`."""
+    for run, start in zip(accept_run, chain_start, strict=True):
+        for k in range(len(walked["emitted"])):
+            emitted, passes = walked_counts(run, start, k + 1)
+            walked["emitted"][k] += emitted
+            walked["passes"][k] += passes
+
+
 def _step_metrics(sums: dict[str, list[float]]) -> dict:
     """The per-step lists and simulated tau of `evaluate_offline` from the summed batch metrics."""
     count = [int(c) for c in sums["count"]]
@@ -133,4 +151,7 @@ def _step_metrics(sums: dict[str, list[float]]) -> dict:
         "conditional_accuracy": conditional,
         "loss": loss,
         "simulated_tau": simulated_tau([a or 0.0 for a in conditional]),
+        "simulated_tau_by_k": [
+            simulated_tau([a or 0.0 for a in conditional[:k]]) for k in range(1, len(count) + 1)
+        ],
     }

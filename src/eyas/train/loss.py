@@ -65,11 +65,14 @@ def ttt_loss(
     Returns (loss, metrics) with loss = sum_k step_weight**k * mean soft-CE over the loss-carrying
     positions of step k (a step without any contributes 0), and metrics as Python numbers:
     `loss` [per step], `count` [positions per step], `acc` [drafter argmax == teacher argmax],
-    `cond_count`/`cond_acc` [same, among positions where every earlier step was correct].
+    `cond_count`/`cond_acc` [same, among positions where every earlier step was correct]; and one
+    tensor, `accept_run` [B, T] int64: the leading correct steps at each index (a chain drafted there
+    would have that many drafts accepted; `walked_counts` walks it).
     """
     teacher_top = teacher_logits.argmax(-1)  # [B, T]
     total = teacher_logits.new_zeros((), dtype=torch.float32)
     chain_ok = torch.ones_like(valid, dtype=torch.bool)  # all earlier steps correct at index t
+    accept_run = torch.zeros_like(valid, dtype=torch.long)  # [B, T]
     metrics: dict[str, list] = {"loss": [], "count": [], "acc": [], "cond_count": [], "cond_acc": []}
     for k, logits in enumerate(step_logits):
         mask = step_loss_mask(loss_mask, valid, in_vocab, k)  # [B, T]
@@ -90,6 +93,8 @@ def ttt_loss(
             metrics["cond_count"].append(int(cond.sum()))
             metrics["cond_acc"].append(float((correct & cond).sum()) / int(cond.sum()) if cond.any() else 0.0)
             chain_ok = chain_ok & correct
+            accept_run += chain_ok
+    metrics["accept_run"] = accept_run
     return total, metrics
 
 

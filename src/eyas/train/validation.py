@@ -71,10 +71,12 @@ class EpochEnd:
                 record["simulated_tau"] = metrics["simulated_tau"]
                 record["conditional_accuracy"] = metrics["conditional_accuracy"]
                 record["accuracy"] = metrics["accuracy"]
+                record["walked_tau_by_k"] = metrics["walked_tau_by_k"]
                 self.checkpointer.keep_if_best(run, record, whole)
+                walked = " ".join(f"{w:.3f}" if w is not None else "-" for w in metrics["walked_tau_by_k"])
                 log.info(
-                    "epoch %d: held-out simulated tau %.4f (%.1f s)",
-                    run.epoch, record["simulated_tau"], metrics["seconds"],
+                    "epoch %d: held-out simulated tau %.4f, walked tau by k %s (%.1f s)",
+                    run.epoch, record["simulated_tau"], walked, metrics["seconds"],
                 )  # fmt: skip
             distributed.barrier(world)
         run.epochs.append(record)
