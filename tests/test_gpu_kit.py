@@ -367,6 +367,31 @@ def test_after_runs_its_step_once_the_runs_snakemake_has_started_and_ended(tmp_p
     assert _bash("run_recipe.sh", "after", run).returncode == 2
 
 
+def test_wait_curve_waits_for_a_sweep_queued_with_after_to_start(tmp_path):
+    run, out = tmp_path / "run", tmp_path / "out"
+    run.mkdir()
+    none = _bash("run_recipe.sh", "wait-curve", run, "5", env={"OUT": str(out)})
+    assert "no curve was started" in none.stderr
+    queued = subprocess.Popen(["sleep", "3"])  # the `after` step, still waiting on the run
+    ended = subprocess.Popen(["true"])
+    ended.wait()  # the sweep's pid once it has finished
+    (run / "after-sweep.pid").write_text(f"{queued.pid}\n")
+    sweep = (
+        f"sleep 1; mkdir -p {run}/curve; echo sweep started > {run}/curve.out; "
+        f"""echo '{{"status": "training"}}' > {run}/curve/recipe-curve.json; """
+        f"echo {ended.pid} > {run}/curve.pid"
+    )
+    starts = subprocess.Popen(["bash", "-c", sweep])
+    try:
+        waited = _bash("run_recipe.sh", "wait-curve", run, "20", env={"OUT": str(out)})
+    finally:
+        queued.wait()
+        starts.wait()
+    assert waited.returncode == 0, waited.stderr
+    assert "sweep started" in waited.stdout and (out / "recipe-curve.json").exists()
+    assert not (out / "tau-vs-data.json").exists()  # no plot of an unfinished report
+
+
 def test_a_later_calls_new_config_file_joins_the_code_copy_and_old_ones_stay(tmp_path):
     checkout, code = tmp_path / "checkout", tmp_path / "code"
     (checkout / "config").mkdir(parents=True)

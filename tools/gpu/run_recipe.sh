@@ -128,6 +128,12 @@ copy_code() {
   done
 }
 
+queued_after() {  # RUN: a step queued on RUN with `after` is still waiting or running
+  local f
+  for f in "$1"/after-*.pid; do [[ -f $f ]] && kill -0 "$(cat "$f")" 2>/dev/null && return 0; done
+  return 1
+}
+
 in_background() {  # PIDFILE OUT CMD...: CMD in its own session (setsid: it outlives the call), its pid in PIDFILE
   local pidfile=$1 out=$2; shift 2
   # CMD writes its own pid (the shell execs it): `$!` would be setsid's, and setsid forks when it leads a
@@ -251,8 +257,10 @@ case $step in
     need_run "${1:-}"; run=$1
     [[ ${2:-} =~ ^[0-9]+$ ]] || { echo "run_recipe wait-curve: give the seconds to wait at most" >&2; exit 2; }
     if ((DRY)); then echo "would: wait up to $2 s for $run/curve.pid, then the curve's report and plot into $OUT"; exit 0; fi
-    [[ -f $run/curve.pid ]] || { echo "run_recipe wait-curve: no curve was started in $run" >&2; exit 1; }
     end=$((SECONDS + $2))
+    # a curve or sweep queued with `after` starts only once the run has ended: wait for it in the same time
+    while [[ ! -f $run/curve.pid ]] && queued_after "$run" && ((SECONDS < end)); do sleep 2; done
+    [[ -f $run/curve.pid ]] || { echo "run_recipe wait-curve: no curve was started in $run" >&2; exit 1; }
     while kill -0 "$(cat "$run/curve.pid")" 2>/dev/null && ((SECONDS < end)); do sleep 5; done
     mkdir -p "$OUT"; tail -5 "$run/curve.out"
     cp "$run/curve/recipe-curve.json" "$OUT/" 2>/dev/null || echo "wait-curve: no report yet" >&2
