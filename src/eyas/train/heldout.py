@@ -62,8 +62,9 @@ def evaluate_offline(
     contributes 0 to tau). By chain length k = 1..ttt_steps: `simulated_tau_by_k` (the same product
     cut at k) and `walked_tau_by_k`, the tau of decoding walked along the held-out responses
     (`walked_counts`): served decoding starts its chains where the last one ended, so it is the one
-    to set beside a served tau at that k. The stores are checked against `expected_provenance` and
-    the drafter's taps.
+    to set beside a served tau at that k (the walk follows the stored responses, sampled ones too,
+    where greedy serving would follow its own greedy text). The stores are checked against
+    `expected_provenance` and the drafter's taps.
     """
     if ttt_steps < 1:
         raise ValueError(f"ttt_steps={ttt_steps} must be >= 1")
