@@ -4,7 +4,8 @@
 
 A variant named `<series>-<percent>` (e.g. `regen-50`, `dataset-25`, bench/studies/recipe_curve.json) is the
 point (percent of the training conversations, served τ at each k) of its series. Writes OUT.json (the
-points, with training samples, simulated τ and the reports they came from) and OUT.png (one panel per k).
+points, with training samples, simulated τ, the held-out walked τ at each served k and the reports they
+came from) and OUT.png (one panel per k; the walked τ dashed beside the served one).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from eyas.core.acceptance import at_chain_length
 from eyas.core.atomic import atomic_file
 
 
@@ -40,6 +42,10 @@ def points(reports: list[Path]) -> list[dict]:
                     "samples": (figures.get("stats") or {}).get("samples"),
                     "served_tau": {str(k): tau for k, tau in figures["served_tau"].items()},
                     "best_sim_tau": figures.get("best_sim_tau"),
+                    "walked_tau": {
+                        str(k): at_chain_length(figures.get("best_walked_tau_by_k"), int(k))
+                        for k in figures["served_tau"]
+                    },
                     "train_seconds": figures.get("train_seconds"),
                     "report": str(path),
                 }
@@ -58,7 +64,13 @@ def plot(found: list[dict], out_png: Path) -> None:
         ax = fig.add_subplot(1, len(ks), i + 1)
         for series in sorted({p["series"] for p in found}):
             pts = [p for p in found if p["series"] == series and k in p["served_tau"]]
-            ax.plot([p["percent"] for p in pts], [p["served_tau"][k] for p in pts], marker="o", label=series)
+            (line,) = ax.plot(
+                [p["percent"] for p in pts], [p["served_tau"][k] for p in pts], marker="o", label=series
+            )
+            walked = [(p["percent"], p["walked_tau"].get(k)) for p in pts if p.get("walked_tau", {}).get(k)]
+            if walked:
+                ax.plot(*zip(*walked, strict=True), ls="--", marker=".", color=line.get_color(),
+                        label=f"{series} (walked, offline)")  # fmt: skip
         ax.set_title(f"served τ, k = {k}")
         ax.set_xlabel("% of training conversations")
         ax.set_ylabel("τ (tokens per verify pass)")

@@ -78,17 +78,19 @@ def train_inputs(run: Path, model_dir: str, out: Path) -> dict:
 
 
 def best_epoch(epochs_csv: Path) -> dict:
-    """Held-out simulated tau, step-0 accuracy and walked tau (by chain length k) of every epoch, and
-    the best simulated tau."""
+    """Held-out simulated tau, step-0 accuracy and walked tau (by chain length k) of every epoch; the
+    best simulated tau (the epoch training keeps) and that epoch's walked tau by k."""
     with open(epochs_csv) as fh:
         rows = [r for r in csv.DictReader(fh) if r.get("simulated_tau")]
     taus = [float(r["simulated_tau"]) for r in rows]
     walked = [[float(v) for c, v in r.items() if c.startswith("walked_tau_k") and v] for r in rows]
+    best = taus.index(max(taus)) if taus else None
     return {
         "sim_tau_by_epoch": taus,
         "acc0_by_epoch": [float(r["acc_0"]) for r in rows],
         "walked_tau_by_k_by_epoch": walked,
-        "best_sim_tau": max(taus) if taus else None,
+        "best_sim_tau": taus[best] if taus else None,
+        "best_walked_tau_by_k": walked[best] if taus else None,
     }
 
 
