@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
@@ -54,3 +55,19 @@ def test_bench_module_help(path):
     proc = subprocess.run(command, capture_output=True, text=True, env=env(), cwd=REPO, timeout=300)
     assert proc.returncode == 0, f"{name} --help exited {proc.returncode}:\n{proc.stderr[-2000:]}"
     assert "usage:" in proc.stdout, f"{name} --help printed no usage:\n{proc.stdout[-500:]}"
+
+
+def test_synthetic_trainer_batches_carry_loss_where_real_ones_do(monkeypatch):
+    """bench/train.py's batches train TRAINED_SHARE of their positions (the real data's share), and its
+    random teacher's greedy token lies in the draft vocab, as 99.8% of real tokens do."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from train import SHAPES, TRAINED_SHARE, _batch, synthetic_teacher
+
+    from eyas.train.loss import step_loss_mask, teacher_from_final
+
+    shape = SHAPES["smollm2"] | {"draft": 16384}
+    batch = _batch(shape, 2, 400, "cpu")
+    head, _, t2d = synthetic_teacher(shape)  # trainer_step's teacher
+    _, in_vocab = teacher_from_final(batch.final.float(), head, torch.arange(shape["draft"]), t2d)
+    share = step_loss_mask(batch.loss_mask, batch.valid, in_vocab, 0).float().mean().item()
+    assert share == pytest.approx(TRAINED_SHARE, abs=0.02)
