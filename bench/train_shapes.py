@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from child import run_in_child  # noqa: E402
-from train import SHAPES, _drafter  # noqa: E402 - bench/train.py: the drafter at a named shape
+from train import SHAPES, TRAINED_SHARE, _drafter, synthetic_teacher  # noqa: E402 - bench/train.py
 
 CASES = {  # name -> (eyas.model.drafter.ATTENTION_BACKENDS, rows padded to a multiple of)
     "eyas": ("default", 1),  # the kernels the package ships
@@ -76,10 +76,7 @@ def case(
     amp = resolve_amp("auto", device)
     model = _drafter(shape, device)
     g = torch.Generator().manual_seed(1)
-    head = torch.randn(shape["vocab"], shape["hidden"], generator=g) * 0.02
-    d2t = torch.zeros(draft, dtype=torch.int64)
-    t2d = torch.zeros(shape["vocab"], dtype=torch.bool)
-    t2d[:draft] = True
+    head, d2t, t2d = synthetic_teacher(shape)  # its greedy tokens in the draft vocab, as real ones are
     teacher = Teacher(head, d2t, t2d, device, amp)
     spread = spread_over_ranks(model, "ddp", World(), device)
     optimizer = torch.optim.AdamW(param_groups(spread.objective, 0.0), lr=1e-4)
@@ -90,11 +87,13 @@ def case(
         lens = torch.as_tensor(lengths[rows])
         b, t = len(rows), -(-int(lens.max()) // pad) * pad
         valid = torch.arange(t)[None, :] < lens[:, None]
+        # each row's last TRAINED_SHARE trained (the response), as in real batches
+        trained = valid & (torch.arange(t)[None, :] >= (lens[:, None] * (1 - TRAINED_SHARE)).round())
         return Batch(
             aux=(torch.randn(b, t, 3 * h, generator=g) * valid[..., None]).bfloat16().pin_memory(),
             final=(torch.randn(b, t, h, generator=g) * valid[..., None]).bfloat16().pin_memory(),
             input_ids=(torch.randint(0, shape["vocab"], (b, t), generator=g) * valid).pin_memory(),
-            loss_mask=valid.long().pin_memory(),
+            loss_mask=trained.long().pin_memory(),
             valid=valid.pin_memory(),
             lengths=lens,
         )
