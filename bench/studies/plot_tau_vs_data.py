@@ -67,7 +67,7 @@ def plot(found: list[dict], out_png: Path) -> None:
             (line,) = ax.plot(
                 [p["percent"] for p in pts], [p["served_tau"][k] for p in pts], marker="o", label=series
             )
-            walked = [(p["percent"], p["walked_tau"].get(k)) for p in pts if p.get("walked_tau", {}).get(k)]
+            walked = [(p["percent"], p["walked_tau"][k]) for p in pts if p["walked_tau"].get(k) is not None]
             if walked:
                 ax.plot(*zip(*walked, strict=True), ls="--", marker=".", color=line.get_color(),
                         label=f"{series} (walked, offline)")  # fmt: skip

@@ -21,7 +21,7 @@ from eyas.core.acceptance import ratio, simulated_tau, walked_counts
 from eyas.model.target import load_embed_and_head
 from eyas.store import ProvenanceError
 from eyas.train.loader import PairedLoader, pad_multiple_for
-from eyas.train.loss import shift_left, teacher_from_final, ttt_loss
+from eyas.train.loss import target_trained, teacher_from_final, ttt_loss
 
 if TYPE_CHECKING:
     from eyas.model.drafter import Eagle3Drafter
@@ -89,8 +89,7 @@ def evaluate_offline(
         teacher, in_vocab = teacher_from_final(batch.final, head, draft_target_ids, t2d)
         _, metrics = ttt_loss(step_logits, teacher, in_vocab, batch.loss_mask, batch.valid)
         _add_batch(sums, metrics)
-        # a chain may start at index t when token t+2 is a trained response token
-        chain_start = shift_left(batch.loss_mask.bool() & batch.valid.bool(), 2, False)  # [B, T]
+        chain_start = target_trained(batch.loss_mask, batch.valid, 0)  # [B, T]: a draft chain may start at t
         _add_walks(walked, metrics["accept_run"].cpu().numpy(), chain_start.cpu().numpy())
         tokens += batch.num_tokens
         batches += 1

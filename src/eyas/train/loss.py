@@ -41,9 +41,14 @@ def shift_left(x: Tensor, n: int, fill: float | bool = 0) -> Tensor:
     return torch.cat([x[:, n:], pad], dim=1)
 
 
+def target_trained(loss_mask: Tensor, valid: Tensor, k: int) -> Tensor:
+    """[B, T] bool: token t+2+k, the one step k at index t predicts, is trained and real."""
+    return shift_left(loss_mask.bool() & valid.bool(), 2 + k, False)
+
+
 def step_loss_mask(loss_mask: Tensor, valid: Tensor, in_vocab: Tensor, k: int) -> Tensor:
     """[B, T] bool: step k at index t carries loss (see module docstring)."""
-    target_ok = shift_left(loss_mask.bool() & valid.bool(), 2 + k, False)  # token t+2+k is trained & real
+    target_ok = target_trained(loss_mask, valid, k)
     return target_ok & shift_left(in_vocab.bool(), 1 + k, False)  # teacher at t+1+k greedy in draft vocab
 
 
