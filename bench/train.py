@@ -93,11 +93,17 @@ def synthetic_teacher(shape: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 
 def trainer_step(
-    shape: dict, rows: int, length: int, device: torch.device, ttt: int, attention: str = "masked"
+    shape: dict,
+    rows: int,
+    length: int,
+    device: torch.device,
+    ttt: int,
+    attention: str = "masked",
+    compile_steps: bool = False,
 ):
     """A function running one real trainer step (`step.train_step`, then AdamW) of the drafter at `shape`
     on one fixed [rows, length] batch (pinned on a GPU, as the loader hands it over), its tree attention
-    by `attention` (train.tree_attention: masked | lse)."""
+    by `attention` (train.tree_attention: masked | lse), compiled with `compile_steps` (train.compile)."""
     from eyas.config import TrainSettings
     from eyas.train.distributed import World
     from eyas.train.parallel import spread_over_ranks
@@ -107,6 +113,8 @@ def trainer_step(
     settings, amp = TrainSettings(ttt_steps=ttt, select_by_tau=False), resolve_amp("auto", device)
     model = _drafter(shape, device)
     model.attention_impl = attention  # as eyas.train.drafter_setup sets it from the settings
+    if compile_steps:
+        model.compile_steps()
     spread = spread_over_ranks(model, "ddp", World(), device)
     head, d2t, t2d = synthetic_teacher(shape)
     teacher = Teacher(head, d2t, t2d, device, amp or torch.float32)

@@ -13,15 +13,17 @@ LENGTH tokens, profiled after warm-up in a fresh interpreter. It reports:
 - the ops with the most calls and with the most self time.
 
 `--attention masked lse` runs every shape with each of `train.tree_attention`'s implementations (steps a
-second against rows a step: the trade between batch size and optimizer steps).
+second against rows a step: the trade between batch size and optimizer steps), `--compile off on` with
+`train.compile` off and on (`first_step_seconds`: the compilation's wait).
 
     python bench/train_profile.py --device cuda --shapes 16x1024 4x1024 --attention masked lse \
-        --out OUT/train-profile.json
+        --compile off on --out OUT/train-profile.json
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shlex
 import statistics
@@ -36,13 +38,15 @@ from train import SHAPES, sync, trainer_step
 RECIPE_DRAFT_VOCAB = 16384  # config/gpu-smollm2.yaml vocab.draft_vocab_size
 
 
-def case_profile(rows: int, length: int, device_name: str, ttt: int = 7, attention: str = "masked") -> dict:
+def case_profile(
+    rows: int, length: int, device_name: str, ttt: int = 7, attention: str = "masked", compiled: bool = False
+) -> dict:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     device = torch.device(device_name)
     shape = SHAPES["smollm2"] | {"draft": RECIPE_DRAFT_VOCAB}
-    step = trainer_step(shape, rows, length, device, ttt, attention)
+    step = trainer_step(shape, rows, length, device, ttt, attention, compiled)
     walls = []
     for _ in range(5):  # two warm-up steps (allocator, kernel caches), three timed
         sync(device)
@@ -62,6 +66,7 @@ def case_profile(rows: int, length: int, device_name: str, ttt: int = 7, attenti
         "seconds_per_step": wall,
         "tokens_per_s": rows * length / wall,
         "steps_per_s": 1 / wall,
+        "first_step_seconds": walls[0],  # with train.compile: the compilation's wait
     }
     if cuda:
         kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
@@ -93,16 +98,18 @@ def main() -> None:
     ap.add_argument(
         "--attention", nargs="+", default=["masked"], choices=["masked", "lse"], help="train.tree_attention"
     )
+    ap.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"], help="train.compile")
     args = ap.parse_args()
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     cases = []
     for shape in args.shapes:
         rows, length = (int(x) for x in shape.split("x"))
-        for attention in args.attention:
+        for attention, compiled in itertools.product(args.attention, args.compile):
             kwargs = {"rows": rows, "length": length, "device_name": device, "ttt": args.ttt}
-            kwargs["attention"] = attention
+            kwargs |= {"attention": attention, "compiled": compiled == "on"}
             result = run_in_child("train_profile", "case_profile", kwargs, args.threads)
-            cases.append({"rows": rows, "length": length, "attention": attention, **result})
+            case = {"rows": rows, "length": length, "attention": attention, "compile": compiled}
+            cases.append(case | result)
             print(json.dumps(cases[-1])[:400])
     results = {
         "command": shlex.join([sys.executable, *sys.argv]),

@@ -161,6 +161,11 @@ class TrainSettings:
     bench/results/tree-attention-cpu.json). On an H100 a whole trainer step was 1.25-1.34x faster with
     `lse` at 1,024-token rows and no faster at 512-token rows (bench/results/train-steps-h100.json); the
     default stays `masked` until a served tau is measured with `lse`."""
+    compile: bool = False
+    """Run each TTT step's layers (norms, RoPE, projections, MLP) and the loss's blocks through
+    `torch.compile` (dynamic shapes: one compilation for every batch shape): fewer, fused kernels where
+    a small drafter's step is launch-bound. The first steps wait for the compilation (inductor; a C
+    compiler on CPU). The attention and the loss's matmuls run as without it."""
     step_weight: float = bounded(0.8, gt=0, le=1)
     """Loss weight of step i is step_weight**i (1 = every step alike)."""
     seed: int = bounded(0, ge=0, le=SEED_MAX)

@@ -24,6 +24,8 @@ import math
 import torch
 from torch import Tensor
 
+from eyas.model.compiled import compiled
+
 HEAD_STEP = 8  # the flash kernels take head sizes in multiples of 8
 
 
@@ -95,13 +97,25 @@ class CausalWithLse(torch.autograd.Function):
         return dq[..., :hd], dk[..., :hd], dv[..., :hd], None
 
 
-def tree_attention_lse(q: Tensor, k0: Tensor, v0: Tensor, k_diag: Tensor, v_diag: Tensor) -> Tensor:
+def tree_attention_lse(
+    q: Tensor, k0: Tensor, v0: Tensor, k_diag: Tensor, v_diag: Tensor, compile_merge: bool = False
+) -> Tensor:
     """`eyas.model.drafter.tree_attention`'s result (same arguments: q, k0, v0 [B, h, T, hd]; k_diag,
-    v_diag [B, h, T, k, hd]) by causal flash attention and a merge; `supported` must hold."""
+    v_diag [B, h, T, k, hd]) by causal flash attention and a merge (`merge_diagonal`, compiled with
+    `compile_merge`: train.compile); `supported` must hold."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     out, lse = CausalWithLse.apply(q.contiguous(), k0.contiguous(), v0.contiguous(), scale)
     if k_diag.shape[3] == 0:
         return out
+    merge = compiled(merge_diagonal) if compile_merge else merge_diagonal
+    return merge(q, out, lse, k_diag, v_diag, scale)
+
+
+def merge_diagonal(
+    q: Tensor, out: Tensor, lse: Tensor, k_diag: Tensor, v_diag: Tensor, scale: float
+) -> Tensor:
+    """The causal part (out [B, h, T, hd], lse [B, h, T]) merged with the diagonal keys and values
+    (k_diag, v_diag [B, h, T, k, hd]) of queries q [B, h, T, hd], by their softmax weights."""
     diag = torch.einsum("bhtd,bhtjd->bhtj", q.float(), k_diag.float()) * scale  # [B, h, T, k]
     weights = torch.softmax(torch.cat([lse.float().unsqueeze(-1), diag], dim=-1), dim=-1)  # [B, h, T, 1+k]
     merged = weights[..., :1] * out.float() + torch.einsum(

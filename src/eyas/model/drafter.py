@@ -104,6 +104,7 @@ def tree_attention(
     v_diag: Tensor,
     chunk: int | None = None,
     impl: str = "masked",
+    compiled: bool = False,
 ) -> Tensor:
     """Attention of one TTT step under the tree-of-steps mask, through SDPA in query chunks.
 
@@ -115,10 +116,11 @@ def tree_attention(
     and the chunks' key/value copies over CHECKPOINT_BYTES, each chunk is checkpointed: backward
     recomputes one chunk at a time instead of keeping every copy alive (O(T^2 / C) memory).
     impl "lse": causal flash attention and a log-sum-exp merge instead (`eyas.model.causal_lse`), where
-    it applies (equal q/v head sizes, a flash kernel's dtype); the same result up to rounding.
+    it applies (equal q/v head sizes, a flash kernel's dtype); the same result up to rounding; its merge
+    compiled with `compiled` (train.compile).
     """
     if impl == "lse" and causal_lse.supported(q, v_diag):
-        return causal_lse.tree_attention_lse(q, k0, v0, k_diag, v_diag)
+        return causal_lse.tree_attention_lse(q, k0, v0, k_diag, v_diag, compile_merge=compiled)
     chunk = chunk or (QUERY_CHUNK_CPU if q.device.type == "cpu" else QUERY_CHUNK)
     t_len = q.shape[2]
     recompute = torch.is_grad_enabled() and _chunk_copy_bytes(k_diag, t_len, chunk) > CHECKPOINT_BYTES
@@ -165,6 +167,7 @@ def _tree_chunk(
 
 class Eagle3Drafter(nn.Module):
     attention_impl = "masked"  # `tree_attention`'s impl in `ttt_hidden` (train.tree_attention); not exported
+    compiled = False  # `compile_steps` ran (train.compile): the training loss compiles its blocks too
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
@@ -276,9 +279,6 @@ class Eagle3Drafter(nn.Module):
         activations of a long sample (`mlp_recompute_needed`).
         """
         b, t = input_ids.shape
-        layer = self.layers[0]
-        attn = layer.self_attn
-        groups = self.config.num_attention_heads // self.config.num_key_value_heads
         base_pos = torch.arange(t, device=input_ids.device).expand(b, t)  # [B, T]
         pad = input_ids.new_zeros(b, steps + 1)
         shifted_ids = torch.cat([input_ids, pad], dim=1)  # [B, T + steps + 1]
@@ -288,10 +288,7 @@ class Eagle3Drafter(nn.Module):
         v_diag: list[Tensor] = []
         step_hidden = []
         for k in range(steps):
-            ids = shifted_ids[:, 1 + k : 1 + k + t]  # [B, T]
-            x = layer.attn_input(self.embed_tokens(ids), hidden)  # [B, T, 2H]
-            q, key, value = attn.qkv(x, base_pos + k)
-            key, value = repeat_kv(key, groups), repeat_kv(value, groups)  # [B, nH, T, hd]
+            q, key, value = self.step_qkv(shifted_ids[:, 1 + k : 1 + k + t], hidden, base_pos + k)
             if k == 0:
                 k0, v0 = key, value
                 kd = key.new_zeros(*key.shape[:3], 0, key.shape[-1])  # [B, nH, T, 0, hd]
@@ -300,15 +297,40 @@ class Eagle3Drafter(nn.Module):
                 k_diag.append(key)
                 v_diag.append(value)
                 kd, vd = torch.stack(k_diag, dim=3), torch.stack(v_diag, dim=3)  # [B, nH, T, k, hd]
-            out = tree_attention(q, k0, v0, kd, vd, impl=self.attention_impl)  # [B, nH, T, hd]
-            attn_out = attn.project_out(out)  # [B, T, H]
+            impl, compiled = self.attention_impl, self.compiled
+            out = tree_attention(q, k0, v0, kd, vd, impl=impl, compiled=compiled)  # [B, nH, T, hd]
             if recompute_mlp and torch.is_grad_enabled():
-                out = checkpoint(layer.finish, attn_out, hidden, use_reentrant=False)
+                out, hidden = checkpoint(self.step_out, out, hidden, use_reentrant=False)
             else:
-                out = layer.finish(attn_out, hidden)  # [B, T, H]
-            step_hidden.append(out)
-            hidden = self.feed_forward(out)  # fed to step k + 1
+                out, hidden = self.step_out(out, hidden)  # [B, T, H] each
+            step_hidden.append(out)  # `hidden` is fed to step k + 1
         return step_hidden
+
+    def step_qkv(self, ids: Tensor, hidden: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """A TTT step up to its attention: ids [B, T], hidden [B, T, H] (fc'd taps or the last step's
+        output), positions [B, T] -> post-RoPE q, and k, v repeated to the query heads, [B, nH, T, hd]."""
+        layer = self.layers[0]
+        groups = self.config.num_attention_heads // self.config.num_key_value_heads
+        x = layer.attn_input(self.embed_tokens(ids), hidden)  # [B, T, 2H]
+        q, key, value = layer.self_attn.qkv(x, positions)
+        return q, repeat_kv(key, groups), repeat_kv(value, groups)
+
+    def step_out(self, attn_heads: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        """A TTT step after its attention: attn_heads [B, nH, T, hd], hidden [B, T, H] (the step's
+        residual) -> (pre-norm output [B, T, H], the hidden fed to the next step [B, T, H])."""
+        layer = self.layers[0]
+        out = layer.finish(layer.self_attn.project_out(attn_heads), hidden)
+        return out, self.feed_forward(out)
+
+    def compile_steps(self) -> None:
+        """Run `step_qkv` and `step_out` through `torch.compile` (train.compile): their norms, RoPE,
+        projections and MLP become a few fused kernels instead of ~100 small launches a step; the
+        attention and the loss's matmuls stay as they are. Shapes are dynamic (rows and lengths change
+        with every batch), so one compilation serves them all. The `lse` tree attention's merge and the
+        training loss's blocks follow `compiled` (`eyas.model.compiled`)."""
+        self.step_qkv = torch.compile(self.step_qkv, dynamic=True)
+        self.step_out = torch.compile(self.step_out, dynamic=True)
+        self.compiled = True
 
     def draft_to_target(self, draft_ids: Tensor) -> Tensor:
         """Draft-vocab ids -> target-vocab ids."""

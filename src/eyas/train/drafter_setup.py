@@ -73,6 +73,8 @@ def _build_model(
     torch.manual_seed(settings.seed)
     model = Eagle3Drafter(config)
     model.attention_impl = settings.tree_attention
+    if settings.compile:
+        model.compile_steps()
     embed, head = load_embed_and_head(model_dir)
     model.set_target_embedding(embed.float())
     model.set_vocab(d2t, t2d)

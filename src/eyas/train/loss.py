@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from eyas.model.compiled import compiled as compile_once
+
 ARGMAX_CHUNK = 256  # rows per full-vocab argmax block: [256, V] fp32 is 128 MB at V = 128k
 
 
@@ -107,34 +109,50 @@ def ttt_loss(
 ROW_CHUNK = 1024  # loss rows per block: [1024, D] fp32 logits/teacher/grad at a time (128 MB at D = 32k)
 
 
+def soft_ce_block(x: Tensor, weight: Tensor, teacher_in: Tensor, teacher_weight: Tensor | None):
+    """One block of `_LinearSoftCE`: x [C, H] drafter rows, weight [D, H] its head; teacher_in [C, D]
+    teacher logits, or [C, H] teacher states when teacher_weight [D, H] is given. Returns (soft-CE summed
+    over the rows, fp32 scalar; correct [C] bool; d loss / d x [C, H] in x's dtype; d loss / d weight
+    [D, H]). The matmuls run in the autocast dtype when autocast is on, the softmaxes in fp32."""
+    logits = (x @ weight.T).float()  # [C, D]
+    teacher = (teacher_in if teacher_weight is None else teacher_in @ teacher_weight.T).float()  # [C, D]
+    p = teacher.softmax(-1)
+    logp = logits.log_softmax(-1)
+    loss = -(p * logp).sum()
+    correct = logits.argmax(-1) == teacher.argmax(-1)
+    g = logp.exp() - p  # [C, D] d loss / d logits
+    return loss, correct, (g @ weight.to(g.dtype)).to(x.dtype), g.T @ x.to(g.dtype)
+
+
+def loss_block(compiled: bool):
+    """`soft_ce_block`, or its compiled form (train.compile: the softmaxes, the product and the gradient
+    of a [C, D] block as a few fused kernels instead of ~10 passes over it)."""
+    return compile_once(soft_ce_block) if compiled else soft_ce_block
+
+
 class _LinearSoftCE(torch.autograd.Function):
     """sum_rows soft-CE(softmax(tx @ tw.T) || log_softmax(x @ w.T)), never holding [N, D] at once.
 
     Gradients w.r.t. x and w are computed in the forward pass block by block (d loss / d logits =
     softmax(logits) - p), so backward only scales them: only [N, H] + [D, H] are kept, not [N, D].
-    With tw None, tx already holds the teacher logits [N, D] (cached by the caller).
+    With tw None, tx already holds the teacher logits [N, D] (cached by the caller). `block`: the
+    function of one block (`loss_block`).
     Returns (loss_sum fp32 scalar, correct [N] bool = drafter argmax == teacher argmax).
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, tx: Tensor, tw: Tensor | None, chunk: int):
+    def forward(ctx, x: Tensor, weight: Tensor, tx: Tensor, tw: Tensor | None, chunk: int, block):
         n = x.shape[0]
         loss = torch.zeros((), dtype=torch.float32, device=x.device)
         correct = torch.zeros(n, dtype=torch.bool, device=x.device)
         grad_x = torch.zeros_like(x)  # [N, H]
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # [D, H]
         for lo in range(0, n, chunk):
-            xc = x[lo : lo + chunk]  # [C, H]
-            logits = (xc @ weight.T).float()  # [C, D] (autocast dtype matmul, fp32 softmax)
-            rows = tx[lo : lo + chunk]
-            teacher = (rows if tw is None else rows @ tw.T).float()  # [C, D]
-            p = teacher.softmax(-1)
-            logp = logits.log_softmax(-1)
-            loss += -(p * logp).sum()
-            correct[lo : lo + chunk] = logits.argmax(-1) == teacher.argmax(-1)
-            g = logp.exp_() - p  # [C, D] d loss / d logits
-            grad_x[lo : lo + chunk] = (g @ weight.to(g.dtype)).to(x.dtype)
-            grad_w += g.T @ xc.to(g.dtype)
+            part, right, gx, gw = block(x[lo : lo + chunk], weight, tx[lo : lo + chunk], tw)
+            loss += part
+            correct[lo : lo + chunk] = right
+            grad_x[lo : lo + chunk] = gx
+            grad_w += gw
         ctx.save_for_backward(grad_x, grad_w)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(correct)
@@ -143,7 +161,7 @@ class _LinearSoftCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_correct):
         grad_x, grad_w = ctx.saved_tensors
-        return grad_loss * grad_x, (grad_loss * grad_w).to(ctx.weight_dtype), None, None, None
+        return grad_loss * grad_x, (grad_loss * grad_w).to(ctx.weight_dtype), None, None, None, None
 
 
 TEACHER_CACHE_BYTES = 1 << 30  # cache [B, T, D] teacher logits up to 1 GiB (the CPU default: ~32 MB)
@@ -187,6 +205,7 @@ def ttt_loss_chunked(
     counts: list[int] | None = None,
     chunk: int = ROW_CHUNK,
     teacher_logits: Tensor | None = None,
+    compiled: bool = False,
 ) -> tuple[Tensor, dict]:
     """`ttt_loss` without [B, T, D] tensors: logits and the teacher are built per block of loss rows.
 
@@ -196,8 +215,10 @@ def ttt_loss_chunked(
     in_vocab [B, T] from `teacher_in_vocab`. counts: per-step normalisers; None = this batch's own
     counts (pass global counts when a step's batch is split over micro-batches or ranks, so the sum
     of the parts' losses and gradients is the loss of the whole).
+    compiled: the blocks' `torch.compile`d form (`loss_block`).
     Returns (loss, metrics) with the keys of `ttt_loss` plus integer `correct` / `cond_correct`.
     """
+    block = loss_block(compiled)
     total = final.new_zeros((), dtype=torch.float32)
     chain_ok = torch.ones_like(valid, dtype=torch.bool)
     metrics: dict[str, list] = {
@@ -213,7 +234,7 @@ def ttt_loss_chunked(
             tx, tw = final[rows, cols + 1 + k], draft_head  # [N, H] teacher states at t+1+k
         else:
             tx, tw = teacher_logits[rows, cols + 1 + k], None  # [N, D]
-        loss_sum, row_correct = _LinearSoftCE.apply(x, lm_head_weight, tx, tw, chunk)
+        loss_sum, row_correct = _LinearSoftCE.apply(x, lm_head_weight, tx, tw, chunk, block)
         step = loss_sum / max(norm_count, 1)
         total = total + step_weight**k * step
         with torch.no_grad():

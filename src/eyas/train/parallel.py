@@ -60,6 +60,7 @@ class Objective(nn.Module):
             step_weight,
             counts=counts,
             teacher_logits=teacher_logits,
+            compiled=d.compiled,
         )
 
 
