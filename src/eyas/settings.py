@@ -159,13 +159,18 @@ class TrainSettings:
     forward and backward over 7 TTT steps at 512 and 1,024 tokens took 1.12-1.46x less time with `lse`,
     and in bf16 it lay no farther from the float32 result than `masked` (0.7-0.8% against 0.8-1.4%;
     bench/results/tree-attention-cpu.json). On an H100 a whole trainer step was 1.25-1.34x faster with
-    `lse` at 1,024-token rows and no faster at 512-token rows (bench/results/train-steps-h100.json); the
-    default stays `masked` until a served tau is measured with `lse`."""
+    `lse` at 1,024-token rows and no faster at 512-token rows (bench/results/train-steps-h100.json), and
+    with `compile` 1.79x faster than eager `lse` at 16 x 1,024 tokens. A drafter trained with `lse` and
+    `compile` served as well as `masked` ones (bench/results/compile-sweep-h100-smollm2-demo.json); the
+    GPU recipe uses it, the CPU default keeps `masked`."""
     compile: bool = False
     """Run each TTT step's layers (norms, RoPE, projections, MLP) and the loss's blocks through
     `torch.compile` (dynamic shapes: one compilation for every batch shape): fewer, fused kernels where
     a small drafter's step is launch-bound. The first steps wait for the compilation (inductor; a C
-    compiler on CPU). The attention and the loss's matmuls run as without it."""
+    compiler on CPU). The attention and the loss's matmuls run as without it. On an H100 at the GPU
+    recipe's shape (bench/results/train-compile-h100.json) a 16 x 1,024-token step took 85 ms with
+    `lse` against 152 ms eager (128 against 186 ms `masked`), an 8 x 512 one 39 against 58 ms; the
+    first step waited 37-65 s for the compilation."""
     step_weight: float = bounded(0.8, gt=0, le=1)
     """Loss weight of step i is step_weight**i (1 = every step alike)."""
     seed: int = bounded(0, ge=0, le=SEED_MAX)
