@@ -135,26 +135,35 @@ def test_compile_caches_go_back_with_a_call_and_unpack_restores_them_on_the_next
     none = _bash("run_recipe.sh", "save-caches", cwd=tmp_path, env={"EYAS_KIT": str(first), "OUT": str(out)})
     assert none.returncode == 1 and "no compile cache" in none.stderr
     # every step's processes compile into the kit's cache (a stand-in python3 prints where)
-    path = _stand_in_python3(tmp_path, 'echo "triton=$TRITON_CACHE_DIR cuda=$CUDA_CACHE_PATH"')
+    path = _stand_in_python3(
+        tmp_path, 'echo "triton=$TRITON_CACHE_DIR cuda=$CUDA_CACHE_PATH inductor=$TORCHINDUCTOR_CACHE_DIR"'
+    )
     probe = _bash(
         "run_recipe.sh", "kimi", cwd=tmp_path, env={"EYAS_KIT": str(first), "OUT": str(out), "PATH": path}
     )
-    assert f"triton={first}/cache/triton cuda={first}/cache/nv" in probe.stdout, probe.stdout + probe.stderr
+    want = f"triton={first}/cache/triton cuda={first}/cache/nv inductor={first}/cache/inductor"
+    assert want in probe.stdout, probe.stdout + probe.stderr
     kernel = first / "cache" / "triton" / "abc123" / "attention.cubin"
     kernel.parent.mkdir(parents=True)
     kernel.write_bytes(b"cubin" * 100)
+    graph = first / "cache" / "inductor" / "fxgraph" / "xy" / "entry"  # train.compile's compiled step
+    graph.parent.mkdir(parents=True)
+    graph.write_bytes(b"graph" * 10)
     saved = _bash("run_recipe.sh", "save-caches", cwd=tmp_path, env={"EYAS_KIT": str(first), "OUT": str(out)})
     assert saved.returncode == 0, saved.stderr
-    assert "save-caches: triton, 1 files" in saved.stdout
+    assert "save-caches: triton inductor, 2 files" in saved.stdout
     with tarfile.open(out / "gpu-caches.tar.xz") as tar:
-        assert tar.getnames() == ["triton", "triton/abc123", "triton/abc123/attention.cubin"]
+        assert sorted(m.name for m in tar.getmembers() if m.isfile()) == [
+            "inductor/fxgraph/xy/entry", "triton/abc123/attention.cubin"
+        ]  # fmt: skip
     checkout = tmp_path / "checkout"
     (checkout / ".kit4").mkdir(parents=True)
     shutil.copy(out / "gpu-caches.tar.xz", checkout / ".kit4")
     restored = _bash("run_recipe.sh", "unpack", cwd=checkout, env={"EYAS_KIT": str(second)})
     assert restored.returncode == 0, restored.stderr
-    assert "kit: compile caches restored (1 files)" in restored.stdout
+    assert "kit: compile caches restored (2 files)" in restored.stdout
     assert (second / "cache" / "triton" / "abc123" / "attention.cubin").read_bytes() == kernel.read_bytes()
+    assert (second / "cache" / "inductor" / "fxgraph" / "xy" / "entry").read_bytes() == graph.read_bytes()
     again = _bash("run_recipe.sh", "unpack", cwd=checkout, env={"EYAS_KIT": str(second)})
     assert (
         "compile caches restored" not in again.stdout

@@ -33,7 +33,7 @@
 #   bash tools/gpu/run_recipe.sh kimi [ARGS...]         bench/gpu/kimi_wrapped.py (issue 28's wrapped target) from
 #                                                       this checkout; its JSON into $OUT
 #   bash tools/gpu/run_recipe.sh save-caches            this machine's compile caches (Triton's kernels, CUDA's
-#                                                       JIT) into $OUT/gpu-caches.tar.xz: carried in .kit4 to
+#                                                       JIT, inductor's) into $OUT/gpu-caches.tar.xz: in .kit4 to
 #                                                       the next machine, `unpack` puts them back
 #
 # EYAS_RECIPE_CONFIG names the recipe's config file in the checkout (default config/gpu-smollm2.yaml);
@@ -53,8 +53,10 @@ step=$1; shift
 export PYTHONPATH="$CODE/src:$KIT/site:$KIT/tools" EYAS_CACHE="$KIT/cache" PYTHONUNBUFFERED=1
 export SGLANG_ENABLE_JIT_DEEPGEMM=0 GIT_PYTHON_REFRESH=quiet  # no deep_gemm JIT; GitPython without git
 # compiled kernels in the kit's cache, where `save-caches` finds them and `unpack` restores a saved set: a
-# machine's first engines compile SGLang's Triton kernels (attention_backend triton) on every new machine
+# machine's first engines compile SGLang's Triton kernels (attention_backend triton) on every new machine,
+# and train.compile's first step waits 37-65 s for inductor (bench/results/train-compile-h100.json)
 export TRITON_CACHE_DIR="$KIT/cache/triton" CUDA_CACHE_PATH="$KIT/cache/nv"
+export TORCHINDUCTOR_CACHE_DIR="$KIT/cache/inductor"
 OUT=${OUT:-/tmp/out}
 
 need_run() { [[ -n ${1:-} ]] || { echo "run_recipe $step: give the run folder (e.g. /root/run)" >&2; exit 2; }; }
@@ -95,7 +97,7 @@ unpack() {
   if [[ -f .kit4/gpu-caches.tar.xz && ! -f $KIT/cache/.gpu-caches-restored ]]; then
     say tar -xJf .kit4/gpu-caches.tar.xz -C "$KIT/cache"
     say touch "$KIT/cache/.gpu-caches-restored"
-    ((DRY)) || echo "kit: compile caches restored ($(find "$KIT/cache/triton" "$KIT/cache/nv" -type f 2>/dev/null | wc -l) files)"
+    ((DRY)) || echo "kit: compile caches restored ($(find "$KIT"/cache/{triton,nv,inductor} -type f 2>/dev/null | wc -l) files)"
   fi
   local parts="$KIT/cache/downloads"
   if [[ -f $parts/model.part0 && -f $parts/model.part1 && -f $parts/MANIFEST ]]; then
@@ -321,7 +323,7 @@ case $step in
   save-caches)
     # what this machine compiled, for the next one (same sm90 kernels on an H100 or an H200)
     dirs=()
-    for d in triton nv; do [[ -d $KIT/cache/$d ]] && dirs+=("$d"); done
+    for d in triton nv inductor; do [[ -d $KIT/cache/$d ]] && dirs+=("$d"); done
     ((${#dirs[@]})) || { echo "save-caches: no compile cache in $KIT/cache yet" >&2; exit 1; }
     say mkdir -p "$OUT"
     say tar -cJf "$OUT/gpu-caches.tar.xz" -C "$KIT/cache" "${dirs[@]}"
