@@ -189,7 +189,8 @@ def teacher_in_vocab(final: Tensor, head: Tensor, t2d: Tensor, chunk: int = ARGM
 
 def step_counts(loss_mask: Tensor, valid: Tensor, in_vocab: Tensor, steps: int) -> list[int]:
     """Loss-carrying positions of each TTT step (the normalisers of `ttt_loss_chunked`)."""
-    return [int(step_loss_mask(loss_mask, valid, in_vocab, k).sum()) for k in range(steps)]
+    masks = [step_loss_mask(loss_mask, valid, in_vocab, k).sum() for k in range(steps)]
+    return [int(n) for n in torch.stack(masks).tolist()]  # one device-to-host copy, not one per step
 
 
 def ttt_loss_chunked(
@@ -221,9 +222,7 @@ def ttt_loss_chunked(
     block = loss_block(compiled)
     total = final.new_zeros((), dtype=torch.float32)
     chain_ok = torch.ones_like(valid, dtype=torch.bool)
-    metrics: dict[str, list] = {
-        k: [] for k in ("loss", "count", "acc", "correct", "cond_count", "cond_acc", "cond_correct")
-    }
+    counts_here, sums = [], []  # per step: positions (known on the host), [loss, correct, cond, cond_correct]
     for k, hidden in enumerate(step_hidden):
         mask = step_loss_mask(loss_mask, valid, in_vocab, k)  # [B, T]
         rows, cols = mask.nonzero(as_tuple=True)
@@ -241,14 +240,19 @@ def ttt_loss_chunked(
             correct = torch.zeros_like(mask)
             correct[rows, cols] = row_correct
             cond = mask & chain_ok
-            n_correct, n_cond = int(row_correct.sum()), int(cond.sum())
-            n_cond_correct = int((correct & cond).sum())
-            metrics["loss"].append(float(step.detach()))
-            metrics["count"].append(count)
-            metrics["correct"].append(n_correct)
-            metrics["acc"].append(n_correct / count if count else 0.0)
-            metrics["cond_count"].append(n_cond)
-            metrics["cond_correct"].append(n_cond_correct)
-            metrics["cond_acc"].append(n_cond_correct / n_cond if n_cond else 0.0)
+            parts = [step.detach().double(), row_correct.sum(), cond.sum(), (correct & cond).sum()]
+            sums.append(torch.stack([p.double() for p in parts]))
+            counts_here.append(count)
             chain_ok = chain_ok & correct
+    # one device-to-host copy for every step's figures: a read per figure would stall the GPU's queue
+    # (the host waits for it, then launches the next kernels to an idle GPU) ~30 times a micro-batch
+    table = torch.stack(sums).tolist() if sums else []
+    metrics: dict[str, list] = {"loss": [row[0] for row in table], "count": counts_here}
+    metrics["correct"] = [int(row[1]) for row in table]
+    metrics["cond_count"] = [int(row[2]) for row in table]
+    metrics["cond_correct"] = [int(row[3]) for row in table]
+    metrics["acc"] = [c / n if n else 0.0 for c, n in zip(metrics["correct"], counts_here, strict=True)]
+    metrics["cond_acc"] = [
+        c / n if n else 0.0 for c, n in zip(metrics["cond_correct"], metrics["cond_count"], strict=True)
+    ]
     return total, metrics
