@@ -39,13 +39,19 @@ RECIPE_DRAFT_VOCAB = 16384  # config/gpu-smollm2.yaml vocab.draft_vocab_size
 
 
 def case_profile(
-    rows: int, length: int, device_name: str, ttt: int = 7, attention: str = "masked", compiled: bool = False
+    rows: int,
+    length: int,
+    device_name: str,
+    ttt: int = 7,
+    attention: str = "masked",
+    compiled: bool = False,
+    draft_vocab: int = RECIPE_DRAFT_VOCAB,
 ) -> dict:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     device = torch.device(device_name)
-    shape = SHAPES["smollm2"] | {"draft": RECIPE_DRAFT_VOCAB}
+    shape = SHAPES["smollm2"] | {"draft": draft_vocab}
     step = trainer_step(shape, rows, length, device, ttt, attention, compiled)
     walls = []
     for _ in range(5):  # two warm-up steps (allocator, kernel caches), three timed
@@ -95,6 +101,7 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["16x1024", "4x1024"], help="ROWSxLENGTH batches")
     ap.add_argument("--ttt", type=int, default=7, help="TTT steps (the recipe's train.ttt_steps)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads per case")
+    ap.add_argument("--draft-vocab", type=int, default=RECIPE_DRAFT_VOCAB, help="vocab.draft_vocab_size")
     ap.add_argument(
         "--attention", nargs="+", default=["masked"], choices=["masked", "lse"], help="train.tree_attention"
     )
@@ -106,6 +113,7 @@ def main() -> None:
         rows, length = (int(x) for x in shape.split("x"))
         for attention, compiled in itertools.product(args.attention, args.compile):
             kwargs = {"rows": rows, "length": length, "device_name": device, "ttt": args.ttt}
+            kwargs["draft_vocab"] = args.draft_vocab
             kwargs |= {"attention": attention, "compiled": compiled == "on"}
             result = run_in_child("train_profile", "case_profile", kwargs, args.threads)
             case = {"rows": rows, "length": length, "attention": attention, "compile": compiled}
@@ -115,7 +123,7 @@ def main() -> None:
         "command": shlex.join([sys.executable, *sys.argv]),
         "device": torch.cuda.get_device_name() if device == "cuda" else f"cpu x{args.threads} threads",
         "torch": torch.__version__,
-        "draft_vocab": RECIPE_DRAFT_VOCAB,
+        "draft_vocab": args.draft_vocab,
         "cases": cases,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
