@@ -71,3 +71,27 @@ def test_synthetic_trainer_batches_carry_loss_where_real_ones_do(monkeypatch):
     _, in_vocab = teacher_from_final(batch.final.float(), head, torch.arange(shape["draft"]), t2d)
     share = step_loss_mask(batch.loss_mask, batch.valid, in_vocab, 0).float().mean().item()
     assert share == pytest.approx(TRAINED_SHARE, abs=0.02)
+
+
+def test_train_profile_times_the_settings_it_is_given(monkeypatch):
+    """bench/train_profile.py's case runs the trainer step of its draft vocab, attention and compile
+    settings (the drafter the step trains is built with them), and reports the step's time."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import train
+    from train_profile import case_profile
+
+    built = []
+    real = train._drafter
+
+    def spy(shape, device):
+        model = real(shape, device)
+        built.append((shape["draft"], model))
+        return model
+
+    monkeypatch.setattr(train, "_drafter", spy)
+    result = case_profile(1, 32, "cpu", ttt=2, attention="lse", draft_vocab=256)
+    ((draft, model),) = built
+    assert draft == 256 and model.attention_impl == "lse" and not model.compiled
+    assert result["tokens_per_step"] == 32 and result["seconds_per_step"] > 0
+    assert result["tokens_per_s"] == pytest.approx(32 / result["seconds_per_step"])
+    assert result["aten_calls_per_step"] > 0
