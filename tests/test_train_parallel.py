@@ -36,13 +36,18 @@ def test_step_groups_partition_the_plan_with_a_padded_tail():
     assert rank_share(groups[0], 1, 2)[0][0] == 2  # rank 1 reads the group's second half
 
 
-@pytest.mark.parametrize("parallel, accum", [("ddp", 1), ("fsdp", 2)])
-def test_two_processes_match_one_process_at_the_same_global_batch(data, tmp_path, parallel, accum):
+@pytest.mark.parametrize(
+    "parallel, accum, compiled", [("ddp", 1, False), ("fsdp", 2, False), ("fsdp", 2, True)]
+)
+def test_two_processes_match_one_process_at_the_same_global_batch(data, tmp_path, parallel, accum, compiled):
     """torchrun with 2 CPU ranks == 1 process accumulating 2 x accum micro-batches per step. The fsdp
     case also accumulates (gradient sync only on a step's last backward), runs empty slots as
-    zero-loss micro-batches, and picks the best epoch by held-out tau on gathered weights."""
+    zero-loss micro-batches, and picks the best epoch by held-out tau on gathered weights; compiled
+    (train.compile, lse attention), each rank runs its own compiled steps on FSDP's gathered weights."""
     tau = parallel == "fsdp"
     s = settings(max_steps=None, epochs=2, checkpoint_every=0, select_by_tau=tau)
+    if compiled:
+        s = dataclasses.replace(s, compile=True, tree_attention="lse")
     one = run(data, tmp_path / "one", dataclasses.replace(s, grad_accum=2 * accum), heldout=tau)
     two = train_job(
         dataclasses.replace(s, nproc=2, grad_accum=accum, parallel=parallel),

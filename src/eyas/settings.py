@@ -171,7 +171,8 @@ class TrainSettings:
     recipe's shape (bench/results/train-compile-h100.json) a 16 x 1,024-token step took 85 ms with
     `lse` against 152 ms eager (128 against 186 ms `masked`), an 8 x 512 one 39 against 58 ms; the
     first step waited 37-65 s for the compilation. On 2 CPU threads at the CPU default's shape it
-    gained 1.02-1.17x (bench/results/train-compile-cpu.json), so the CPU default keeps it off."""
+    gained 1.02-1.17x (bench/results/train-compile-cpu.json), so the CPU default keeps it off. With
+    nproc > 1 every rank compiles its own steps (ddp and fsdp alike)."""
     step_weight: float = bounded(0.8, gt=0, le=1)
     """Loss weight of step i is step_weight**i (1 = every step alike)."""
     seed: int = bounded(0, ge=0, le=SEED_MAX)
