@@ -112,9 +112,10 @@ def main() -> None:
     for shape in args.shapes:
         rows, length = (int(x) for x in shape.split("x"))
         for attention, compiled in itertools.product(args.attention, args.compile):
-            kwargs = {"rows": rows, "length": length, "device_name": device, "ttt": args.ttt}
-            kwargs["draft_vocab"] = args.draft_vocab
-            kwargs |= {"attention": attention, "compiled": compiled == "on"}
+            kwargs = {
+                "rows": rows, "length": length, "device_name": device, "ttt": args.ttt,
+                "draft_vocab": args.draft_vocab, "attention": attention, "compiled": compiled == "on",
+            }  # fmt: skip
             result = run_in_child("train_profile", "case_profile", kwargs, args.threads)
             case = {"rows": rows, "length": length, "attention": attention, "compile": compiled}
             cases.append(case | result)

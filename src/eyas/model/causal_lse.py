@@ -24,7 +24,7 @@ import math
 import torch
 from torch import Tensor
 
-from eyas.model.compiled import compiled
+from eyas.model.compiled import compiled_if
 
 HEAD_STEP = 8  # the flash kernels take head sizes in multiples of 8
 
@@ -107,8 +107,7 @@ def tree_attention_lse(
     out, lse = CausalWithLse.apply(q.contiguous(), k0.contiguous(), v0.contiguous(), scale)
     if k_diag.shape[3] == 0:
         return out
-    merge = compiled(merge_diagonal) if compile_merge else merge_diagonal
-    return merge(q, out, lse, k_diag, v_diag, scale)
+    return compiled_if(merge_diagonal, compile_merge)(q, out, lse, k_diag, v_diag, scale)
 
 
 def merge_diagonal(

@@ -16,3 +16,8 @@ import torch
 def compiled(fn: Callable) -> Callable:
     """`fn` compiled by inductor with dynamic shapes; the same wrapper for every caller."""
     return torch.compile(fn, dynamic=True)
+
+
+def compiled_if(fn: Callable, on: bool) -> Callable:
+    """`compiled(fn)` when `on` (train.compile), else `fn` itself."""
+    return compiled(fn) if on else fn

@@ -287,6 +287,7 @@ class Eagle3Drafter(nn.Module):
         k_diag: list[Tensor] = []  # step j >= 1 keys, each [B, nH, T, hd]
         v_diag: list[Tensor] = []
         step_hidden = []
+        impl, compiled = self.attention_impl, self.compiled
         for k in range(steps):
             q, key, value = self.step_qkv(shifted_ids[:, 1 + k : 1 + k + t], hidden, base_pos + k)
             if k == 0:
@@ -297,7 +298,6 @@ class Eagle3Drafter(nn.Module):
                 k_diag.append(key)
                 v_diag.append(value)
                 kd, vd = torch.stack(k_diag, dim=3), torch.stack(v_diag, dim=3)  # [B, nH, T, k, hd]
-            impl, compiled = self.attention_impl, self.compiled
             out = tree_attention(q, k0, v0, kd, vd, impl=impl, compiled=compiled)  # [B, nH, T, hd]
             if recompute_mlp and torch.is_grad_enabled():
                 out, hidden = checkpoint(self.step_out, out, hidden, use_reentrant=False)

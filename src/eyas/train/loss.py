@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from eyas.model.compiled import compiled as compile_once
+from eyas.model.compiled import compiled_if
 
 ARGMAX_CHUNK = 256  # rows per full-vocab argmax block: [256, V] fp32 is 128 MB at V = 128k
 
@@ -124,19 +124,14 @@ def soft_ce_block(x: Tensor, weight: Tensor, teacher_in: Tensor, teacher_weight:
     return loss, correct, (g @ weight.to(g.dtype)).to(x.dtype), g.T @ x.to(g.dtype)
 
 
-def loss_block(compiled: bool):
-    """`soft_ce_block`, or its compiled form (train.compile: the softmaxes, the product and the gradient
-    of a [C, D] block as a few fused kernels instead of ~10 passes over it)."""
-    return compile_once(soft_ce_block) if compiled else soft_ce_block
-
-
 class _LinearSoftCE(torch.autograd.Function):
     """sum_rows soft-CE(softmax(tx @ tw.T) || log_softmax(x @ w.T)), never holding [N, D] at once.
 
     Gradients w.r.t. x and w are computed in the forward pass block by block (d loss / d logits =
     softmax(logits) - p), so backward only scales them: only [N, H] + [D, H] are kept, not [N, D].
     With tw None, tx already holds the teacher logits [N, D] (cached by the caller). `block`: the
-    function of one block (`loss_block`).
+    function of one block (`soft_ce_block`, or its compiled form: train.compile fuses the softmaxes,
+    the product and the gradient of a [C, D] block into a few kernels instead of ~10 passes over it).
     Returns (loss_sum fp32 scalar, correct [N] bool = drafter argmax == teacher argmax).
     """
 
@@ -216,10 +211,10 @@ def ttt_loss_chunked(
     in_vocab [B, T] from `teacher_in_vocab`. counts: per-step normalisers; None = this batch's own
     counts (pass global counts when a step's batch is split over micro-batches or ranks, so the sum
     of the parts' losses and gradients is the loss of the whole).
-    compiled: the blocks' `torch.compile`d form (`loss_block`).
+    compiled: the blocks' `torch.compile`d form (`eyas.model.compiled`).
     Returns (loss, metrics) with the keys of `ttt_loss` plus integer `correct` / `cond_correct`.
     """
-    block = loss_block(compiled)
+    block = compiled_if(soft_ce_block, compiled)
     total = final.new_zeros((), dtype=torch.float32)
     chain_ok = torch.ones_like(valid, dtype=torch.bool)
     counts_here, sums = [], []  # per step: positions (known on the host), [loss, correct, cond, cond_correct]
@@ -240,7 +235,7 @@ def ttt_loss_chunked(
             correct = torch.zeros_like(mask)
             correct[rows, cols] = row_correct
             cond = mask & chain_ok
-            parts = [step.detach().double(), row_correct.sum(), cond.sum(), (correct & cond).sum()]
+            parts = [step.detach(), row_correct.sum(), cond.sum(), (correct & cond).sum()]
             sums.append(torch.stack([p.double() for p in parts]))
             counts_here.append(count)
             chain_ok = chain_ok & correct
