@@ -7,6 +7,13 @@ the GPU recipe's one validation job per split reads (docs/gpu-kit.md budgets it)
 
     python bench/validate.py --tokens 400000 --threads 1 2 --out bench/results/validate-cpu.json \
         --compare-src /path/to/older/checkout/src   # also times that tree's validate_store, same inputs
+
+A run's own store instead of synthetic ones (`--store` with its `--token-shard`): `validate_store` at
+each `--threads` value, then its two parts alone, to tell which one bounds it on that machine: the
+chunk files' sha256 (one stream per array, `chunk_summary`) and the NaN/Inf scan at each thread count.
+
+    python bench/validate.py --store RUN/results/hidden/train/shard-00000.zarr \
+        --token-shard RUN/results/tokens/train/shard-00000.zarr --threads 1 8 16 --out validate-run.json
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +35,10 @@ import torch
 from eyas.core.layer_ids import LAYER_ID_CONVENTION
 from eyas.core.provenance import EYAS_VERSION, FINAL_NORM, sha256_array
 from eyas.extract.job import stored_bytes
-from eyas.store import hidden_store_writer, read_token_shard, write_token_shard
+from eyas.store import HiddenStore, hidden_store_writer, read_token_shard, write_token_shard
 from eyas.store.layout import bf16_to_uint16
 from eyas.store.quant import fp8_quantize
-from eyas.validate import validate_store
+from eyas.validate import _scan_nonfinite, chunk_summary, validate_store
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
 from gpubench import machine, write_json  # noqa: E402
@@ -105,6 +113,37 @@ def commit_of(path: str | Path) -> str:
     return (head or "unknown") + ("+changes" if dirty.stdout.strip() else "")
 
 
+def time_run_store(shard: Path, store: Path, threads: list[int]) -> dict:
+    """validate_store on an existing store at each thread count, then its hash and its scan alone."""
+    gb = stored_bytes(store) / 1e9
+    runs = []
+    for count in threads:
+        started = time.perf_counter()
+        validate_store(shard, store, threads=count)
+        seconds = time.perf_counter() - started
+        runs.append(
+            {"threads": count, "seconds": round(seconds, 3), "stored_gb_per_s": round(gb / seconds, 3)}
+        )
+        print(json.dumps(runs[-1]), flush=True)
+    hashes = {}
+    for name in ("aux", "final", "scale"):
+        started = time.perf_counter()
+        summary = chunk_summary(store, name)
+        hashes[name] = {"files": summary["files"], "bytes": summary["bytes"],
+                        "seconds": round(time.perf_counter() - started, 3)}  # fmt: skip
+    opened = HiddenStore(store)
+    taps, hidden = int(opened.attrs["num_taps"]), int(opened.attrs["hidden_size"])
+    scans = []
+    for count in threads:
+        with ThreadPoolExecutor(count) as pool:
+            started = time.perf_counter()
+            _scan_nonfinite(opened, taps, hidden, pool)
+            scans.append({"threads": count, "seconds": round(time.perf_counter() - started, 3)})
+    return {"store": str(store), "stored_gb": round(gb, 3), "tokens": int(opened.sample_offsets[-1]),
+            "storage": opened.storage, "validate_store": runs, "sha256_alone_by_array": hashes,
+            "scan_alone": scans}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -115,8 +154,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--compare-src", help="another checkout's src/: its validate_store timed first")
     parser.add_argument("--work", help="where the inputs go (default: a temporary folder, removed)")
+    parser.add_argument("--store", type=Path, help="time this existing hidden store instead")
+    parser.add_argument("--token-shard", type=Path, help="the token shard of --store")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.store:
+        if not args.token_shard:
+            parser.error("--store needs its --token-shard")
+        result = time_run_store(args.token_shard, args.store, args.threads)
+        write_json(Path(args.out), {"what": "validate_store and its parts on a run's store",
+                                    "machine": machine(), **result})  # fmt: skip
+        return
     root = Path(args.work or tempfile.mkdtemp(prefix="eyas-validate-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     try:

@@ -95,3 +95,20 @@ def test_train_profile_times_the_settings_it_is_given(monkeypatch):
     assert result["tokens_per_step"] == 32 and result["seconds_per_step"] > 0
     assert result["tokens_per_s"] == pytest.approx(32 / result["seconds_per_step"])
     assert result["aten_calls_per_step"] > 0
+
+
+def test_validate_bench_times_a_runs_store_and_its_parts(monkeypatch, tmp_path):
+    """bench/validate.py --store times validate_store on an existing store, then its hash and its scan
+    alone, over the store's own files and tokens."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from validate import time_run_store, write_inputs
+
+    shard, stores = write_inputs(tmp_path, 1500, 16, 2)
+    result = time_run_store(shard, stores["fp8_e4m3"], [1, 2])
+    assert result["tokens"] == 1500 and result["storage"] == "fp8_e4m3"
+    assert [r["threads"] for r in result["validate_store"]] == [1, 2]
+    assert [r["threads"] for r in result["scan_alone"]] == [1, 2]
+    hashed = result["sha256_alone_by_array"]
+    assert set(hashed) == {"aux", "final", "scale"}
+    # 1,500 tokens in 256-token chunks: 6 chunk files and the array's zarr.json each
+    assert all(h["files"] == 7 and h["bytes"] > 0 for h in hashed.values())
