@@ -61,7 +61,12 @@ def run_extract(
         from eyas.extract.sglang_backend import extract_shard_sglang
 
         return extract_shard_sglang(
-            str(shard), str(out_store), str(model_dir), settings=engine_settings, **common
+            str(shard),
+            str(out_store),
+            str(model_dir),
+            settings=engine_settings,
+            gil_switch_interval_ms=settings.gil_switch_interval_ms,
+            **common,
         )
     from eyas.extract.hf_backend import extract_shard
 
