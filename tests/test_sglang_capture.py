@@ -240,19 +240,3 @@ def test_rows_computed_for_other_tokens_are_refused(tmp_path, shard):
         sink.take(pieces, aux, final, ids)
         sink.writer.close()
     assert not (tmp_path / "hidden.zarr").exists()
-
-
-def test_the_scheduler_process_takes_the_specs_gil_switch_interval(tmp_path, monkeypatch):
-    """extract.gil_switch_interval_ms reaches sys.setswitchinterval of the scheduler process (in s);
-    unset, Python's own interval is left as it is."""
-    import sys
-
-    from eyas.extract import sglang_capture
-
-    calls = []
-    monkeypatch.setattr(sys, "setswitchinterval", calls.append)
-    spec = _spec(tmp_path, tmp_path / "unused.zarr")
-    sglang_capture.apply_switch_interval(spec)
-    assert calls == []
-    sglang_capture.apply_switch_interval(replace(spec, gil_switch_interval_ms=0.5))
-    assert calls == [0.0005]

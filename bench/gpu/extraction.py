@@ -181,7 +181,7 @@ def child_eyas(args) -> None:
         layer_ids=_layer_ids(cfg, args.model), model_id=cfg.model_id,
         settings=cfg.sglang, trust_remote_code=cfg.model.trust_remote_code,
         storage=ex.storage, chunk_tokens=ex.chunk_tokens, writer_threads=ex.writer_threads,
-        threads=args.threads, gil_switch_interval_ms=ex.gil_switch_interval_ms,
+        threads=args.threads,
     )  # fmt: skip
     settings = {"extract": dataclasses.asdict(ex), "sglang": dataclasses.asdict(cfg.sglang)}
     result = stats | {"in_process_seconds": time.perf_counter() - began, **settings}

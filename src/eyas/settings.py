@@ -126,11 +126,6 @@ class ExtractSettings:
     """Tokens per Zarr chunk (bench/chunks.py: write speed, ratio and random-read amplification)."""
     writer_threads: int | None = bounded(None, ge=1, le=1024)
     """Threads that compress and write chunks; null = the job's threads - 1."""
-    gil_switch_interval_ms: float | None = bounded(None, gt=0, le=1000)
-    """backend `sglang` only: `sys.setswitchinterval` of the engine's scheduler process, where the
-    writer threads run beside SGLang's scheduler loop. A thread that wants the GIL back (the scheduler,
-    after each GPU call or poll) waits up to this long while a writer thread holds it; null keeps
-    Python's 5 ms."""
 
 
 @dataclass

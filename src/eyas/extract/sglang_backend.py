@@ -126,7 +126,6 @@ def _capture_spec(
     storage: str,
     chunk_tokens: int,
     writer_threads: int,
-    gil_switch_interval_ms: float | None = None,
 ) -> CaptureSpec:
     """What the scheduler process needs to write the store of `shard`: the store's provenance attrs,
     where the run's stats go (a stale stats file removed) and this job's request-id prefix."""
@@ -165,7 +164,6 @@ def _capture_spec(
         writer_threads=writer_threads,
         rid_prefix=f"eyas-{uuid.uuid4().hex[:12]}-",
         route=route,
-        gil_switch_interval_ms=gil_switch_interval_ms,
     )
 
 
@@ -236,7 +234,6 @@ def extract_shard_sglang(
     chunk_tokens: int = CHUNK_TOKENS,
     writer_threads: int | None = None,
     threads: int | None = None,
-    gil_switch_interval_ms: float | None = None,
 ) -> dict:
     """Write the hidden store of `token_shard` with an SGLang engine; returns run stats."""
     import sglang
@@ -264,7 +261,6 @@ def extract_shard_sglang(
         storage=storage,
         chunk_tokens=chunk_tokens,
         writer_threads=writer_threads if writer_threads is not None else default_writer_threads(threads),
-        gil_switch_interval_ms=gil_switch_interval_ms,
     )
     todo = np.flatnonzero(lengths > 0).tolist()
     if not todo:

@@ -14,7 +14,6 @@ last sample, before SGLang answers that request."""
 from __future__ import annotations
 
 import functools
-import sys
 
 from eyas.core.logs import child_stage_logging
 from eyas.extract.sglang_sink import CaptureSpec, RowSink, batch_pieces
@@ -124,17 +123,9 @@ def _keep_final_state() -> None:
     LogitsProcessor.forward = forward
 
 
-def apply_switch_interval(spec: CaptureSpec) -> None:
-    """The scheduler process's GIL switch interval, if the spec sets one (`extract.gil_switch_interval_ms`):
-    its main thread runs SGLang's loop while the writer threads run Python per chunk."""
-    if spec.gil_switch_interval_ms is not None:
-        sys.setswitchinterval(spec.gil_switch_interval_ms / 1000)
-
-
 def scheduler_process(spec: CaptureSpec, *args, **kwargs):
     """`run_scheduler_process_func` of the capture engine: install the capture, then run SGLang's."""
     child_stage_logging()
-    apply_switch_interval(spec)
     install_capture(spec)
     from sglang.srt.managers.scheduler import run_scheduler_process
 

@@ -64,7 +64,6 @@ class CaptureSpec:
     writer_threads: int
     rid_prefix: str
     route: str
-    gil_switch_interval_ms: float | None = None
 
 
 class RowSink:

@@ -61,12 +61,7 @@ def run_extract(
         from eyas.extract.sglang_backend import extract_shard_sglang
 
         return extract_shard_sglang(
-            str(shard),
-            str(out_store),
-            str(model_dir),
-            settings=engine_settings,
-            gil_switch_interval_ms=settings.gil_switch_interval_ms,
-            **common,
+            str(shard), str(out_store), str(model_dir), settings=engine_settings, **common
         )
     from eyas.extract.hf_backend import extract_shard
 
