@@ -125,13 +125,13 @@ def time_run_store(shard: Path, store: Path, threads: list[int]) -> dict:
             {"threads": count, "seconds": round(seconds, 3), "stored_gb_per_s": round(gb / seconds, 3)}
         )
         print(json.dumps(runs[-1]), flush=True)
+    opened = HiddenStore(store)
     hashes = {}
-    for name in ("aux", "final", "scale"):
+    for name in ("aux", "final", "scale") if opened.scale is not None else ("aux", "final"):
         started = time.perf_counter()
         summary = chunk_summary(store, name)
         hashes[name] = {"files": summary["files"], "bytes": summary["bytes"],
                         "seconds": round(time.perf_counter() - started, 3)}  # fmt: skip
-    opened = HiddenStore(store)
     taps, hidden = int(opened.attrs["num_taps"]), int(opened.attrs["hidden_size"])
     scans = []
     for count in threads:
