@@ -40,6 +40,7 @@ from eyas.store import (
     hidden_layout,
     read_token_shard,
 )
+from eyas.store.chunk_rows import ChunkRows, direct_readable
 
 MANIFEST_FORMAT = "eyas.manifest/1"
 BF16_EXPONENT = 0x7F80  # bf16 bits: sign 1, exponent 8, mantissa 7
@@ -199,13 +200,26 @@ def _check_arrays(
         problems.expect(f"{name}.shape", tuple(array.shape), (num_tokens, width), "tokens x width from attrs")
         want = np.dtype(dtype).name
         problems.expect(f"{name}.dtype", str(array.dtype), want, f"{store.storage} is stored as {want}")
-        if array.nchunks_initialized != array.nchunks:
+        try:
+            missing = _missing_chunks(array, store.path / name)
+        except ValueError as err:
+            problems.append(f"array {name!r}: {err}")
+            missing = 0
+        if missing:
             problems.append(
-                f"array {name!r}: {array.nchunks - array.nchunks_initialized} of {array.nchunks} chunks "
+                f"array {name!r}: {missing} of {array.nchunks} chunks "
                 "missing on disk (they would read back as zeros)"
             )
         arrays[name] = {"shape": list(array.shape), "dtype": str(array.dtype), "chunks": list(array.chunks)}
     return arrays, summaries
+
+
+def _missing_chunks(array, path: Path) -> int:
+    """Chunks of `array` with nothing on disk: zarr's count, or for shards the shards' own indexes
+    (raises ValueError for a damaged one)."""
+    if array.shards is None or not direct_readable(array):
+        return array.nchunks - array.nchunks_initialized
+    return ChunkRows(array, path).missing_chunks()
 
 
 def _check_finite(

@@ -1,39 +1,62 @@
 """Row reads of a hidden-store array straight from its chunk files: the read side of
-`HiddenStoreWriter.write_chunk`.
+`HiddenStoreWriter.write_chunk`, sharded arrays (zarr v3 `sharding_indexed`, index at the end) too.
 
 zarr-python 3 routes every read of every thread through one asyncio event loop, so a trainer's
 reader threads queue behind each other there (bench/train.py: 4 readers read no faster than 2).
 Reading the chunk file and Blosc-decoding it in the calling thread releases the GIL for the decode,
 so readers run in parallel. Only arrays laid out the way eyas writes them are read this way (2-D,
-regular chunks, default `c/` keys, one Blosc compressor, little-endian bytes); anything else goes
-through zarr.
+regular chunks, default `c/` keys, one Blosc compressor, little-endian bytes; shards of whole rows
+with the default index codecs); anything else goes through zarr.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+import google_crc32c
 import numcodecs
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, BytesCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, ShardingCodecIndexLocation
 from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
+
+from eyas.store.layout import SHARD_EMPTY
+
+
+def _little(codec) -> bool:
+    return isinstance(codec, BytesCodec) and (codec.endian is None or codec.endian.value == "little")
+
+
+def _plain_shards(array: zarr.Array) -> bool:
+    """No shards, or shards of whole rows with the index at the end in bytes + crc32c (what eyas and
+    zarr write by default)."""
+    if array.shards is None:
+        return True
+    sharding = array.metadata.codecs[0]
+    index = sharding.index_codecs if isinstance(sharding, ShardingCodec) else ()
+    return (
+        isinstance(sharding, ShardingCodec)
+        and sharding.index_location == ShardingCodecIndexLocation.end
+        and len(index) == 2
+        and _little(index[0])
+        and isinstance(index[1], Crc32cCodec)
+        and array.shards[1] == array.shape[1]
+        and array.shards[0] % array.chunks[0] == 0
+    )
 
 
 def direct_readable(array: zarr.Array) -> bool:
-    """True when `array`'s chunks are plain Blosc frames at `c/<row chunk>/0` (what eyas writes)."""
+    """True when `array`'s chunks are plain Blosc frames at `c/<row chunk>/0`, or inside shard files
+    at `c/<row shard>/0` (what eyas writes)."""
     meta = array.metadata
-    if getattr(meta, "zarr_format", None) != 3 or len(array.shape) != 2 or array.shards is not None:
+    if getattr(meta, "zarr_format", None) != 3 or len(array.shape) != 2 or not _plain_shards(array):
         return False
     encoding = meta.chunk_key_encoding
     if not isinstance(encoding, DefaultChunkKeyEncoding) or encoding.separator != "/":
         return False
-    serializer = array.serializer
-    little = isinstance(serializer, BytesCodec) and (
-        serializer.endian is None or serializer.endian.value == "little"
-    )
     blosc = len(array.compressors) == 1 and isinstance(array.compressors[0], BloscCodec)
-    return little and blosc and not array.filters and array.chunks[1] == array.shape[1]
+    return _little(array.serializer) and blosc and not array.filters and array.chunks[1] == array.shape[1]
 
 
 class ChunkRows:
@@ -46,18 +69,78 @@ class ChunkRows:
         self.dtype = np.dtype(array.dtype).newbyteorder("<")
         self.fill = array.metadata.fill_value
         self.blosc = numcodecs.Blosc()  # decoding reads its settings from each frame's header
+        self.per_shard = array.shards[0] // self.chunk_rows if array.shards is not None else 0
+        self._indexes: dict[int, np.ndarray | None] = {}  # shard -> [per_shard, 2] (offset, nbytes)
+        self._lock = threading.Lock()
+
+    def _where(self, index: int) -> str:
+        if not self.per_shard:
+            return str(self.path / "c" / str(index) / "0")
+        shard, inner = divmod(index, self.per_shard)
+        return f"{self.path / 'c' / str(shard) / '0'} (inner chunk {inner})"
+
+    def _shard_index(self, shard: int, path: Path) -> np.ndarray | None:
+        """The shard's index, read once from the file's end and its crc32c checked; None if no file."""
+        with self._lock:
+            if shard in self._indexes:
+                return self._indexes[shard]
+        nbytes = self.per_shard * 16 + 4
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(-nbytes, 2)
+                tail = fh.read(nbytes)
+        except FileNotFoundError:
+            index = None
+        except OSError as err:  # shorter than an index
+            raise ValueError(f"{path}: not a shard of {self.per_shard} chunks ({err})") from err
+        else:
+            body, crc = tail[:-4], int.from_bytes(tail[-4:], "little")
+            if google_crc32c.value(body) != crc:
+                raise ValueError(f"{path}: the shard index fails its crc32c (a damaged file)")
+            index = np.frombuffer(body, dtype="<u8").reshape(self.per_shard, 2)
+        with self._lock:
+            self._indexes[shard] = index
+        return index
 
     def _encoded(self, index: int) -> bytes | None:
-        try:
-            return (self.path / "c" / str(index) / "0").read_bytes()
-        except FileNotFoundError:  # never written: zarr's fill value
+        if not self.per_shard:
+            try:
+                return (self.path / "c" / str(index) / "0").read_bytes()
+            except FileNotFoundError:  # never written: zarr's fill value
+                return None
+        shard, inner = divmod(index, self.per_shard)
+        path = self.path / "c" / str(shard) / "0"
+        shard_index = self._shard_index(shard, path)
+        if shard_index is None:
             return None
+        offset, nbytes = (int(v) for v in shard_index[inner])
+        if offset == SHARD_EMPTY and nbytes == SHARD_EMPTY:
+            return None
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read(nbytes)
+
+    def missing_chunks(self) -> int:
+        """Chunks of a sharded array's extent that no shard holds (a shard file gone, or an index
+        entry left empty): they would read back as the fill value. zarr's `nchunks_initialized`
+        counts a partial last shard's chunks past the array's end as present."""
+        if not self.per_shard:
+            raise ValueError(f"{self.path}: not sharded")
+        chunks = -(-self.num_rows // self.chunk_rows)
+        missing = 0
+        for shard in range(-(-chunks // self.per_shard)):
+            inside = min(self.per_shard, chunks - shard * self.per_shard)
+            index = self._shard_index(shard, self.path / "c" / str(shard) / "0")
+            if index is None:
+                missing += inside
+            else:
+                missing += int(np.count_nonzero((index[:inside] == SHARD_EMPTY).all(axis=1)))
+        return missing
 
     def _check_size(self, index: int, nbytes: int) -> None:
         expected = self.chunk_rows * self.width * self.dtype.itemsize
         if nbytes != expected:
-            path = self.path / "c" / str(index) / "0"
-            raise ValueError(f"{path}: decodes to {nbytes} bytes, expected {expected}")
+            raise ValueError(f"{self._where(index)}: decodes to {nbytes} bytes, expected {expected}")
 
     def chunk(self, index: int) -> np.ndarray:
         """Chunk `index` as [chunk_rows, width] (the edge chunk too: zarr stores it full size)."""

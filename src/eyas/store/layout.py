@@ -24,6 +24,8 @@ HIDDEN_FORMAT = "eyas.hidden/1"
 # 256-token chunks: random whole-sample reads then match per-sample files in speed while storing
 # less; 1024-token chunks read at half that (bench/chunks.py, bench/results/chunks-cpu.json).
 CHUNK_TOKENS = 256
+# An inner chunk a shard does not hold (zarr v3 sharding_indexed: offset and nbytes both 2**64 - 1).
+SHARD_EMPTY = 2**64 - 1
 CODEC_NAMES = {
     "bf16": "blosc:zstd:clevel=1:shuffle=byte:typesize=2:blocksize=1MiB",
     "fp8_e4m3": "blosc:zstd:clevel=1:shuffle=bit:typesize=1:blocksize=1MiB (scale: float32, byte shuffle)",

@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+import google_crc32c
 import numpy as np
 import zarr
 
@@ -16,6 +17,7 @@ from eyas.store.layout import (
     CHUNK_TOKENS,
     CODEC_NAMES,
     HIDDEN_FORMAT,
+    SHARD_EMPTY,
     STORED_DTYPES,
     TOKENS_FORMAT,
     chunk_encoder,
@@ -73,6 +75,13 @@ class HiddenStoreWriter:
     tests/test_store.py). zarr's own write path runs every chunk through its event loop holding the
     GIL, which starved the thread driving the GPU (bench/results/extract-h200-*.json). `submit`
     decides where a chunk is written: inline by default, on a thread pool during extraction.
+
+    With `chunks_per_shard` > 1 the arrays are zarr v3 sharded: `chunks_per_shard` chunks a file
+    (`{array}/c/{shard}/0`, `shard_bytes`), and the shard is the unit buffered and written (what is
+    said of chunks here and in `write_chunk`'s name then holds for shards). Reads keep the chunk's
+    size; the files are that many times fewer, and each file cost the SGLang capture (its writer
+    threads run beside the engine's scheduler) more than its bytes
+    (bench/results/extraction-chunks-h100-smollm2.json).
     """
 
     def __init__(
@@ -84,9 +93,12 @@ class HiddenStoreWriter:
         attrs: Mapping,
         chunk_tokens: int = CHUNK_TOKENS,
         storage: str = "bf16",
+        chunks_per_shard: int = 1,
     ):
-        if chunk_tokens < 1:
-            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+        if chunk_tokens < 1 or chunks_per_shard < 1:
+            raise ValueError(
+                f"chunk_tokens and chunks_per_shard must be >= 1, got {chunk_tokens}, {chunks_per_shard}"
+            )
         self.offsets = np.asarray(sample_offsets, dtype=np.int64)
         self.num_tokens = int(self.offsets[-1])
         self.chunk_tokens = chunk_tokens
@@ -103,6 +115,7 @@ class HiddenStoreWriter:
                 shape=(self.num_tokens, width),
                 dtype=dtype,
                 chunks=(chunk_tokens, width),
+                shards=(chunk_tokens * chunks_per_shard, width) if chunks_per_shard > 1 else None,
                 compressors=[hidden_codec(encodings[name])],
                 fill_value=0,
             )
@@ -125,16 +138,21 @@ class HiddenStoreWriter:
             "storage": storage,
             "codec": CODEC_NAMES[storage],
             "chunk_tokens": chunk_tokens,
+            "chunks_per_shard": chunks_per_shard,
             **({"scale_rule": SCALE_RULE} if storage == "fp8_e4m3" else {}),
         }
+        self.chunks_per_shard = chunks_per_shard
+        # What is buffered and written whole: a chunk, or in a sharded store a shard (its chunks
+        # encoded and written together, so the Python work a row costs is that of one large chunk).
+        self.unit_tokens = chunk_tokens * chunks_per_shard
         self._pending: dict[int, dict[str, np.ndarray]] = {}
-        self.peak_pending_chunks = 0  # memory held in partly filled chunks, at its highest
+        self.peak_pending_chunks = 0  # memory held in partly filled chunks (shards), at its highest
         self._filled: dict[int, int] = {}
         self._written = np.zeros(len(self.offsets) - 1, dtype=bool)  # complete samples
         self._rows_written = np.zeros(len(self.offsets) - 1, dtype=np.int64)
 
-    def _chunk_rows(self, chunk: int) -> int:
-        return min(self.chunk_tokens, self.num_tokens - chunk * self.chunk_tokens)
+    def _unit_rows(self, unit: int) -> int:
+        return min(self.unit_tokens, self.num_tokens - unit * self.unit_tokens)
 
     def write_sample(
         self, index: int, aux: np.ndarray, final: np.ndarray, scale: np.ndarray | None = None
@@ -179,14 +197,14 @@ class HiddenStoreWriter:
         self._written[index] = lo + done + n == hi
         start, stop_at = lo + done, lo + done + n
         while start < stop_at:
-            chunk = start // self.chunk_tokens
-            chunk_lo = chunk * self.chunk_tokens
-            stop = min(stop_at, chunk_lo + self._chunk_rows(chunk))
+            chunk = start // self.unit_tokens
+            chunk_lo = chunk * self.unit_tokens
+            stop = min(stop_at, chunk_lo + self._unit_rows(chunk))
             if chunk not in self._pending:
                 # zarr v3 stores an edge chunk at full size, padded with the fill value (0).
-                alloc = np.empty if self._chunk_rows(chunk) == self.chunk_tokens else np.zeros
+                alloc = np.empty if self._unit_rows(chunk) == self.unit_tokens else np.zeros
                 self._pending[chunk] = {
-                    n: alloc((self.chunk_tokens, w), self.dtypes[n]) for n, w in self.widths.items()
+                    n: alloc((self.unit_tokens, w), self.dtypes[n]) for n, w in self.widths.items()
                 }
                 self._filled[chunk] = 0
                 self.peak_pending_chunks = max(self.peak_pending_chunks, len(self._pending))
@@ -194,7 +212,7 @@ class HiddenStoreWriter:
             for name, rows in rows_of.items():
                 buffers[name][start - chunk_lo : stop - chunk_lo] = rows[start - lo - done : stop - lo - done]
             self._filled[chunk] += stop - start
-            if self._filled[chunk] == self._chunk_rows(chunk):
+            if self._filled[chunk] == self._unit_rows(chunk):
                 self._flush(chunk)
             start = stop
         return bool(self._written[index])
@@ -205,13 +223,26 @@ class HiddenStoreWriter:
         for name, data in buffers.items():
             self.submit(self.write_chunk, name, chunk, data)
 
-    def write_chunk(self, name: str, chunk: int, data: np.ndarray) -> None:
-        """Encode one whole chunk [chunk_tokens, width] and write it to its key."""
-        path = self.root / name / "c" / str(chunk) / "0"
+    def write_chunk(self, name: str, unit: int, data: np.ndarray) -> None:
+        """Encode one whole chunk [chunk_tokens, width] and write it to its key; in a sharded store,
+        one whole shard [chunk_tokens * chunks_per_shard, width]: its chunks inside the array, each
+        encoded, in one file."""
+        if self.chunks_per_shard == 1:
+            self._write_file(name, unit, self._encode(name, data))
+            return
+        size = self.chunk_tokens
+        inside = -(-self._unit_rows(unit) // size)  # the last shard's chunks past the end stay empty
+        parts = {i: self._encode(name, data[i * size : (i + 1) * size]) for i in range(inside)}
+        self._write_file(name, unit, shard_bytes(parts, self.chunks_per_shard))
+
+    def _encode(self, name: str, data: np.ndarray) -> bytes:
+        return self.encoders[name].encode(np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<")))
+
+    def _write_file(self, name: str, key: int, data: bytes) -> None:
+        path = self.root / name / "c" / str(key) / "0"
         path.parent.mkdir(parents=True, exist_ok=True)
-        encoded = self.encoders[name].encode(np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<")))
         with open(path, "wb") as fh:
-            fh.write(encoded)
+            fh.write(data)
 
     @property
     def pending_chunks(self) -> int:
@@ -227,6 +258,21 @@ class HiddenStoreWriter:
         self.group.attrs.update({**self.attrs, **dict(extra_attrs or {})})
 
 
+def shard_bytes(parts: Mapping[int, bytes], chunks_per_shard: int) -> bytes:
+    """One zarr v3 shard (`sharding_indexed`, index at the end): the encoded inner chunks in order,
+    then the index [chunks_per_shard, 2] of (offset, nbytes) as little-endian uint64 (SHARD_EMPTY
+    twice for an inner chunk past the array's end) and its crc32c as a little-endian uint32 (the
+    index codecs zarr writes by default: bytes, crc32c; zarr-specs sharding-indexed v1.0)."""
+    index = np.full((chunks_per_shard, 2), SHARD_EMPTY, dtype="<u8")
+    offset = 0
+    for inner in sorted(parts):
+        index[inner] = (offset, len(parts[inner]))
+        offset += len(parts[inner])
+    index_bytes = index.tobytes()
+    crc = np.uint32(google_crc32c.value(index_bytes)).astype("<u4").tobytes()
+    return b"".join(parts[inner] for inner in sorted(parts)) + index_bytes + crc
+
+
 @contextlib.contextmanager
 def hidden_store_writer(
     path: str | os.PathLike,
@@ -236,10 +282,13 @@ def hidden_store_writer(
     attrs: Mapping,
     chunk_tokens: int = CHUNK_TOKENS,
     storage: str = "bf16",
+    chunks_per_shard: int = 1,
 ) -> Iterator[HiddenStoreWriter]:
     """Context manager: the store appears at `path` only if the block completes and every sample
-    was written."""
+    was written. `chunks_per_shard` > 1 writes that many chunks to one file (zarr v3 sharding)."""
     with atomic_dir(path) as tmp:
-        writer = HiddenStoreWriter(tmp, sample_offsets, hidden_size, num_taps, attrs, chunk_tokens, storage)
+        writer = HiddenStoreWriter(
+            tmp, sample_offsets, hidden_size, num_taps, attrs, chunk_tokens, storage, chunks_per_shard
+        )
         yield writer
         writer.finish()
