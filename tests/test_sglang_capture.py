@@ -193,10 +193,10 @@ SCHEDULE = [
 ]
 
 
-@pytest.mark.parametrize("storage", ["bf16", "fp8_e4m3"])
-def test_row_sink_reassembles_chunked_prefill_into_the_store(tmp_path, shard, storage):
+@pytest.mark.parametrize("storage,chunks_per_shard", [("bf16", 1), ("fp8_e4m3", 1), ("fp8_e4m3", 3)])
+def test_row_sink_reassembles_chunked_prefill_into_the_store(tmp_path, shard, storage, chunks_per_shard):
     path, samples = shard
-    spec = _spec(tmp_path, path, storage)
+    spec = replace(_spec(tmp_path, path, storage), chunks_per_shard=chunks_per_shard)
     sink = RowSink(spec, torch.device("cpu"))
     for entries in SCHEDULE:
         assert not sink.closed
@@ -204,6 +204,7 @@ def test_row_sink_reassembles_chunked_prefill_into_the_store(tmp_path, shard, st
     assert sink.closed  # the forward that completed the last sample finished the store
     store = HiddenStore(spec.store)
     assert store.attrs["backend"] == "sglang" and store.num_samples == len(LENGTHS)
+    assert store.attrs["chunks_per_shard"] == chunks_per_shard
     for sample, length in enumerate(LENGTHS):
         aux, final = store.sample(sample)
         want_aux, want_final = _states(length, sample)

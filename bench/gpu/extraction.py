@@ -180,8 +180,8 @@ def child_eyas(args) -> None:
         args.workload, str(Path(args.work) / "store.zarr"), args.model,
         layer_ids=_layer_ids(cfg, args.model), model_id=cfg.model_id,
         settings=cfg.sglang, trust_remote_code=cfg.model.trust_remote_code,
-        storage=ex.storage, chunk_tokens=ex.chunk_tokens, writer_threads=ex.writer_threads,
-        threads=args.threads,
+        storage=ex.storage, chunk_tokens=ex.chunk_tokens, chunks_per_shard=ex.chunks_per_shard,
+        writer_threads=ex.writer_threads, threads=args.threads,
     )  # fmt: skip
     settings = {"extract": dataclasses.asdict(ex), "sglang": dataclasses.asdict(cfg.sglang)}
     result = stats | {"in_process_seconds": time.perf_counter() - began, **settings}

@@ -124,6 +124,11 @@ class ExtractSettings:
     the bytes, lossy: its reconstruction error is in bench/results/extract-*.json)."""
     chunk_tokens: int = bounded(256, ge=1, le=2**20)
     """Tokens per Zarr chunk (bench/chunks.py: write speed, ratio and random-read amplification)."""
+    chunks_per_shard: int = bounded(1, ge=1, le=4096)
+    """Chunks per file: above 1 the arrays are zarr v3 sharded, `chunks_per_shard` chunks in one shard
+    file with an index, so reads keep the chunk's size while the files are that many times fewer.
+    Each chunk file cost the SGLang capture at 135M more than its bytes: 4,096-token chunks captured
+    at 1.54x the speed of 256-token ones (H100, bench/results/extraction-chunks-h100-smollm2.json)."""
     writer_threads: int | None = bounded(None, ge=1, le=1024)
     """Threads that compress and write chunks; null = the job's threads - 1."""
 

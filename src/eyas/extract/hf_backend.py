@@ -86,6 +86,7 @@ def run_extraction(
     attrs: dict,
     storage: str = "bf16",
     chunk_tokens: int = CHUNK_TOKENS,
+    chunks_per_shard: int = 1,
     writer_threads: int = 1,
     progress: bool = False,
     label: str = "extract",
@@ -100,7 +101,14 @@ def run_extraction(
     groups = len(layer_ids) + 1
     start = time.perf_counter()
     with hidden_store_writer(
-        out_store, shard.sample_offsets, hidden, len(layer_ids), attrs, chunk_tokens, storage
+        out_store,
+        shard.sample_offsets,
+        hidden,
+        len(layer_ids),
+        attrs,
+        chunk_tokens,
+        storage,
+        chunks_per_shard,
     ) as store:
         pool, copy_stream = staging_resources(device)
         writer = BatchWriter(store, pool, writer_threads)
@@ -166,6 +174,7 @@ def extract_shard(
     trust_remote_code: bool = False,
     storage: str = "bf16",
     chunk_tokens: int = CHUNK_TOKENS,
+    chunks_per_shard: int = 1,
     writer_threads: int | None = None,
     progress: bool = True,
     threads: int | None = None,
@@ -196,8 +205,8 @@ def extract_shard(
 
     timing = run_extraction(
         model, shard, plan, out_store, layer_ids=layer_ids, hidden=hidden, attrs=attrs, storage=storage,
-        chunk_tokens=chunk_tokens, writer_threads=writer_threads, progress=progress,
-        label=Path(token_shard).name,
+        chunk_tokens=chunk_tokens, chunks_per_shard=chunks_per_shard, writer_threads=writer_threads,
+        progress=progress, label=Path(token_shard).name,
     )  # fmt: skip
     stats = extraction_stats(plan, out_store, shard.num_samples, len(layer_ids), hidden, timing["seconds"])
     return stats | {

@@ -125,6 +125,7 @@ def _capture_spec(
     compute_dtype: torch.dtype,
     storage: str,
     chunk_tokens: int,
+    chunks_per_shard: int,
     writer_threads: int,
 ) -> CaptureSpec:
     """What the scheduler process needs to write the store of `shard`: the store's provenance attrs,
@@ -161,6 +162,7 @@ def _capture_spec(
         sglang_layer_ids=sglang_ids,
         storage=storage,
         chunk_tokens=chunk_tokens,
+        chunks_per_shard=chunks_per_shard,
         writer_threads=writer_threads,
         rid_prefix=f"eyas-{uuid.uuid4().hex[:12]}-",
         route=route,
@@ -174,8 +176,9 @@ def _empty_store(shard, lengths, out_store: str, spec: CaptureSpec, layer_ids: l
     hidden, storage = spec.hidden, spec.storage
     plan = plan_shard(lengths.tolist(), 1, (len(layer_ids) + 1) * hidden * 2)
     run_extraction(
-        None, shard, plan, out_store, layer_ids=layer_ids, hidden=hidden, attrs=spec.attrs, storage=storage
-    )
+        None, shard, plan, out_store, layer_ids=layer_ids, hidden=hidden, attrs=spec.attrs, storage=storage,
+        chunk_tokens=spec.chunk_tokens, chunks_per_shard=spec.chunks_per_shard,
+    )  # fmt: skip
     return {"samples": shard.num_samples, "tokens": 0, "backend": "sglang"}
 
 
@@ -232,6 +235,7 @@ def extract_shard_sglang(
     trust_remote_code: bool = False,
     storage: str = "bf16",
     chunk_tokens: int = CHUNK_TOKENS,
+    chunks_per_shard: int = 1,
     writer_threads: int | None = None,
     threads: int | None = None,
 ) -> dict:
@@ -260,6 +264,7 @@ def extract_shard_sglang(
         compute_dtype=compute_dtype,
         storage=storage,
         chunk_tokens=chunk_tokens,
+        chunks_per_shard=chunks_per_shard,
         writer_threads=writer_threads if writer_threads is not None else default_writer_threads(threads),
     )
     todo = np.flatnonzero(lengths > 0).tolist()

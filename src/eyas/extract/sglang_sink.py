@@ -64,6 +64,7 @@ class CaptureSpec:
     writer_threads: int
     rid_prefix: str
     route: str
+    chunks_per_shard: int = 1
 
 
 class RowSink:
@@ -86,6 +87,7 @@ class RowSink:
                 spec.attrs,
                 spec.chunk_tokens,
                 spec.storage,
+                spec.chunks_per_shard,
             )
         )
         self.pool, self.copy_stream = staging_resources(device)

@@ -52,6 +52,7 @@ def run_extract(
         dtype=settings.dtype,
         storage=settings.storage,
         chunk_tokens=settings.chunk_tokens,
+        chunks_per_shard=settings.chunks_per_shard,
         writer_threads=settings.writer_threads,
         model_id=model_id,
         trust_remote_code=trust_remote_code,
