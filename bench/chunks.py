@@ -1,8 +1,10 @@
-"""Chunk shape of hidden stores, by measurement on real states: write speed, compression ratio and
-random whole-sample read speed and amplification, for several tokens-per-chunk values.
+"""Chunk shape of hidden stores, by measurement on real states: write speed, compression ratio, files
+and random whole-sample read speed and amplification, for several tokens-per-chunk values, sharded or
+not (`256x16`: 256-token chunks, 16 of them a shard file; `extract.chunks_per_shard`).
 
     .venv/bin/python bench/chunks.py --store results/hidden/train/shard-00001.zarr \
         --out bench/results/chunks-cpu.json
+    .venv/bin/python bench/chunks.py --store STORE --chunks 256,256x16,4096 --out OUT
 
 Reads a finished store (real target states), rewrites it with each chunk size through the same
 writer extraction uses (one thread, so speeds compare), then reads `--reads` random whole samples
@@ -25,22 +27,31 @@ import numpy as np
 from eyas.store import HiddenStore, hidden_store_writer
 
 
-def rewrite(source: HiddenStore, out: Path, chunk_tokens: int) -> float:
-    aux, final = source.aux[:], source.final[:]  # [N, K*H], [N, H] uint16, read once up front
+def rewrite(source: HiddenStore, out: Path, chunk_tokens: int, chunks_per_shard: int = 1) -> float:
+    # [N, K*H], [N, H] bits (uint16 bf16, uint8 e4m3) and [N, K+1] scales (fp8), read once up front
+    aux, final = source.aux[:], source.final[:]
+    scale = source.scale[:] if source.scale is not None else None
     offsets = source.sample_offsets
     taps, hidden = source.attrs["num_taps"], source.attrs["hidden_size"]
     start = time.perf_counter()
-    with hidden_store_writer(out, offsets, hidden, taps, {}, chunk_tokens) as writer:
+    with hidden_store_writer(
+        out, offsets, hidden, taps, {}, chunk_tokens, source.storage, chunks_per_shard
+    ) as writer:
         for s in range(len(offsets) - 1):
             lo, hi = offsets[s], offsets[s + 1]
-            writer.write_sample(s, aux[lo:hi], final[lo:hi])
+            writer.write_sample(s, aux[lo:hi], final[lo:hi], *(() if scale is None else (scale[lo:hi],)))
     return time.perf_counter() - start
+
+
+def stored_row_bytes(store: HiddenStore) -> int:
+    arrays = [a for a in (store.aux, store.final, store.scale) if a is not None]
+    return sum(a.shape[1] * a.dtype.itemsize for a in arrays)
 
 
 def random_reads(path: Path, reads: int, seed: int) -> dict:
     store = HiddenStore(path)
     offsets, chunk = store.sample_offsets, store.attrs["chunk_tokens"]
-    row_bytes = (store.aux.shape[1] + store.final.shape[1]) * 2
+    row_bytes = stored_row_bytes(store)
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, store.num_samples, reads)
     needed = decoded = 0
@@ -63,14 +74,19 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     source = HiddenStore(args.store)
-    raw = source.attrs["num_tokens"] * (source.aux.shape[1] + source.final.shape[1]) * 2
+    raw = source.attrs["num_tokens"] * stored_row_bytes(source)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for chunk in (int(c) for c in args.chunks.split(",")):
-            out = Path(tmp) / f"c{chunk}.zarr"
-            seconds = rewrite(source, out, chunk)
-            stored = sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and "/c/" in str(f))
-            row = {"chunk_tokens": chunk, "chunk_mib_aux": chunk * source.aux.shape[1] * 2 / 2**20}
+        for layout in args.chunks.split(","):
+            chunk, _, per_shard = layout.partition("x")
+            chunk, per_shard = int(chunk), int(per_shard or 1)
+            out = Path(tmp) / f"c{layout}.zarr"
+            seconds = rewrite(source, out, chunk, per_shard)
+            files = [f for f in out.rglob("*") if f.is_file() and "/c/" in str(f)]
+            stored = sum(f.stat().st_size for f in files)
+            aux_mib = chunk * source.aux.shape[1] * source.aux.dtype.itemsize / 2**20
+            row = {"chunk_tokens": chunk, "chunks_per_shard": per_shard, "files": len(files),
+                   "chunk_mib_aux": aux_mib}  # fmt: skip
             row |= {"write_mb_per_s": raw / seconds / 1e6, "ratio": raw / stored}
             row |= random_reads(out, args.reads, seed=chunk)
             rows.append(row)
@@ -84,11 +100,13 @@ def main() -> None:
         "rows": rows,
     }
     print(f"\n{report['command']}")
-    print(f"{'chunk':>6} {'MiB':>6} {'write MB/s':>10} {'ratio':>6} {'read MB/s':>10} {'amplif.':>8}")
+    head = ("chunk", 6), ("shard", 5), ("files", 6), ("MiB", 6), ("write MB/s", 10), ("ratio", 6)
+    print(" ".join(f"{name:>{width}}" for name, width in head), f"{'read MB/s':>10} {'amplif.':>8}")
     for r in rows:
         print(
-            f"{r['chunk_tokens']:>6} {r['chunk_mib_aux']:>6.2f} {r['write_mb_per_s']:>10.0f} "
-            f"{r['ratio']:>6.3f} {r['read_mb_per_s']:>10.0f} {r['read_amplification']:>8.2f}"
+            f"{r['chunk_tokens']:>6} {r['chunks_per_shard']:>5} {r['files']:>6} {r['chunk_mib_aux']:>6.2f} "
+            f"{r['write_mb_per_s']:>10.0f} {r['ratio']:>6.3f} {r['read_mb_per_s']:>10.0f} "
+            f"{r['read_amplification']:>8.2f}"
         )
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
