@@ -77,7 +77,7 @@ class HiddenStoreWriter:
     decides where a chunk is written: inline by default, on a thread pool during extraction.
 
     With `chunks_per_shard` > 1 the arrays are zarr v3 sharded: `chunks_per_shard` chunks a file
-    (`{array}/c/{shard}/0`, `shard_bytes`), and the shard is the unit buffered and written (what is
+    (`{array}/c/{shard}/0`, `shard_pieces`), and the shard is the unit buffered and written (what is
     said of chunks here and in `write_chunk`'s name then holds for shards). Reads keep the chunk's
     size; the files are that many times fewer, and each file cost the SGLang capture (its writer
     threads run beside the engine's scheduler) more than its bytes
@@ -233,16 +233,16 @@ class HiddenStoreWriter:
         size = self.chunk_tokens
         inside = -(-self._unit_rows(unit) // size)  # the last shard's chunks past the end stay empty
         parts = {i: self._encode(name, data[i * size : (i + 1) * size]) for i in range(inside)}
-        self._write_file(name, unit, shard_bytes(parts, self.chunks_per_shard))
+        self._write_file(name, unit, *shard_pieces(parts, self.chunks_per_shard))
 
     def _encode(self, name: str, data: np.ndarray) -> bytes:
         return self.encoders[name].encode(np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<")))
 
-    def _write_file(self, name: str, key: int, data: bytes) -> None:
+    def _write_file(self, name: str, key: int, *pieces: bytes) -> None:
         path = self.root / name / "c" / str(key) / "0"
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as fh:
-            fh.write(data)
+            fh.writelines(pieces)
 
     @property
     def pending_chunks(self) -> int:
@@ -258,11 +258,12 @@ class HiddenStoreWriter:
         self.group.attrs.update({**self.attrs, **dict(extra_attrs or {})})
 
 
-def shard_bytes(parts: Mapping[int, bytes], chunks_per_shard: int) -> bytes:
-    """One zarr v3 shard (`sharding_indexed`, index at the end): the encoded inner chunks in order,
-    then the index [chunks_per_shard, 2] of (offset, nbytes) as little-endian uint64 (SHARD_EMPTY
-    twice for an inner chunk past the array's end) and its crc32c as a little-endian uint32 (the
-    index codecs zarr writes by default: bytes, crc32c; zarr-specs sharding-indexed v1.0)."""
+def shard_pieces(parts: Mapping[int, bytes], chunks_per_shard: int) -> list[bytes]:
+    """One zarr v3 shard (`sharding_indexed`, index at the end), as the pieces of its file in order:
+    the encoded inner chunks, then the index [chunks_per_shard, 2] of (offset, nbytes) as
+    little-endian uint64 (SHARD_EMPTY twice for an inner chunk past the array's end) followed by its
+    crc32c as a little-endian uint32 (zarr's default index codecs: bytes, crc32c; zarr-specs
+    sharding-indexed v1.0). Written piece by piece, the chunks are never copied into one buffer."""
     index = np.full((chunks_per_shard, 2), SHARD_EMPTY, dtype="<u8")
     offset = 0
     for inner in sorted(parts):
@@ -270,7 +271,7 @@ def shard_bytes(parts: Mapping[int, bytes], chunks_per_shard: int) -> bytes:
         offset += len(parts[inner])
     index_bytes = index.tobytes()
     crc = np.uint32(google_crc32c.value(index_bytes)).astype("<u4").tobytes()
-    return b"".join(parts[inner] for inner in sorted(parts)) + index_bytes + crc
+    return [*(parts[inner] for inner in sorted(parts)), index_bytes + crc]
 
 
 @contextlib.contextmanager
