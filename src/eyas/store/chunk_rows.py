@@ -11,6 +11,7 @@ with the default index codecs); anything else goes through zarr.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -116,9 +117,11 @@ class ChunkRows:
         offset, nbytes = (int(v) for v in shard_index[inner])
         if offset == SHARD_EMPTY and nbytes == SHARD_EMPTY:
             return None
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            return fh.read(nbytes)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return os.pread(fd, nbytes, offset)
+        finally:
+            os.close(fd)
 
     def missing_chunks(self) -> int:
         """Chunks of a sharded array's extent that no shard holds (a shard file gone, or an index
