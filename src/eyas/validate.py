@@ -40,7 +40,6 @@ from eyas.store import (
     hidden_layout,
     read_token_shard,
 )
-from eyas.store.chunk_rows import ChunkRows, direct_readable
 
 MANIFEST_FORMAT = "eyas.manifest/1"
 BF16_EXPONENT = 0x7F80  # bf16 bits: sign 1, exponent 8, mantissa 7
@@ -201,7 +200,7 @@ def _check_arrays(
         want = np.dtype(dtype).name
         problems.expect(f"{name}.dtype", str(array.dtype), want, f"{store.storage} is stored as {want}")
         try:
-            missing = _missing_chunks(array, store.path / name)
+            missing = store.missing_chunks(name)
         except ValueError as err:
             problems.append(f"array {name!r}: {err}")
             missing = 0
@@ -212,14 +211,6 @@ def _check_arrays(
             )
         arrays[name] = {"shape": list(array.shape), "dtype": str(array.dtype), "chunks": list(array.chunks)}
     return arrays, summaries
-
-
-def _missing_chunks(array, path: Path) -> int:
-    """Chunks of `array` with nothing on disk: zarr's count, or for shards the shards' own indexes
-    (raises ValueError for a damaged one)."""
-    if array.shards is None or not direct_readable(array):
-        return array.nchunks - array.nchunks_initialized
-    return ChunkRows(array, path).missing_chunks()
 
 
 def _check_finite(

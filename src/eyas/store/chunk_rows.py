@@ -74,14 +74,19 @@ class ChunkRows:
         self._indexes: dict[int, np.ndarray | None] = {}  # shard -> [per_shard, 2] (offset, nbytes)
         self._lock = threading.Lock()
 
+    def _file(self, key: int) -> Path:
+        """The file of chunk `key`, or of shard `key` in a sharded array."""
+        return self.path / "c" / str(key) / "0"
+
     def _where(self, index: int) -> str:
         if not self.per_shard:
-            return str(self.path / "c" / str(index) / "0")
+            return str(self._file(index))
         shard, inner = divmod(index, self.per_shard)
-        return f"{self.path / 'c' / str(shard) / '0'} (inner chunk {inner})"
+        return f"{self._file(shard)} (inner chunk {inner})"
 
-    def _shard_index(self, shard: int, path: Path) -> np.ndarray | None:
+    def _shard_index(self, shard: int) -> np.ndarray | None:
         """The shard's index, read once from the file's end and its crc32c checked; None if no file."""
+        path = self._file(shard)
         with self._lock:
             if shard in self._indexes:
                 return self._indexes[shard]
@@ -106,12 +111,12 @@ class ChunkRows:
     def _encoded(self, index: int) -> bytes | None:
         if not self.per_shard:
             try:
-                return (self.path / "c" / str(index) / "0").read_bytes()
+                return self._file(index).read_bytes()
             except FileNotFoundError:  # never written: zarr's fill value
                 return None
         shard, inner = divmod(index, self.per_shard)
-        path = self.path / "c" / str(shard) / "0"
-        shard_index = self._shard_index(shard, path)
+        path = self._file(shard)
+        shard_index = self._shard_index(shard)
         if shard_index is None:
             return None
         offset, nbytes = (int(v) for v in shard_index[inner])
@@ -133,7 +138,7 @@ class ChunkRows:
         missing = 0
         for shard in range(-(-chunks // self.per_shard)):
             inside = min(self.per_shard, chunks - shard * self.per_shard)
-            index = self._shard_index(shard, self.path / "c" / str(shard) / "0")
+            index = self._shard_index(shard)
             if index is None:
                 missing += inside
             else:

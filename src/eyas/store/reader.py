@@ -64,15 +64,30 @@ class HiddenStore:
         self.sample_offsets = self.group["sample_offsets"][:]
         # Row readers: straight from the chunk files where the layout is eyas's own (parallel
         # across threads), else zarr's slicing.
+        arrays = {"aux": self.aux, "final": self.final, "scale": self.scale}
+        self._direct = {
+            name: ChunkRows(array, self.path / name)
+            for name, array in arrays.items()
+            if array is not None and direct_readable(array)
+        }
         self._rows = {
-            name: ChunkRows(array, self.path / name).rows if direct_readable(array) else _zarr_rows(array)
-            for name, array in (("aux", self.aux), ("final", self.final), ("scale", self.scale))
+            name: self._direct[name].rows if name in self._direct else _zarr_rows(array)
+            for name, array in arrays.items()
             if array is not None
         }
 
     @property
     def num_samples(self) -> int:
         return len(self.sample_offsets) - 1
+
+    def missing_chunks(self, name: str) -> int:
+        """Chunks of array `name` with nothing on disk (they would read back as the fill value):
+        zarr's count, but for shards read directly their own indexes, since zarr counts a partial last
+        shard's chunks past the array's end as present. Raises ValueError for a damaged shard index."""
+        array = getattr(self, name)
+        if array.shards is None or name not in self._direct:
+            return array.nchunks - array.nchunks_initialized
+        return self._direct[name].missing_chunks()
 
     def stored_rows(self, name: str, lo: int, hi: int) -> np.ndarray:
         """Rows [lo, hi) of array `name` ("aux", "final", "scale") as stored: bf16 and fp8 values as
