@@ -2,15 +2,19 @@
 
 Writes a token shard and a bf16 and an fp8 hidden store of the same synthetic states (normal values,
 the recipe's shape by default: hidden 576, 3 taps), then times `validate_store` on each at every
-`--threads` value and checks that every manifest is the same but for its seconds. Stored GB/s is what
-the GPU recipe's one validation job per split reads (docs/gpu-kit.md budgets it).
+`--threads` value and checks that every manifest of a tree is the same but for its seconds. Stored GB/s
+is what the GPU recipe's one validation job per split reads (docs/gpu-kit.md budgets it).
+`--compare-src` times another tree's validate_store on the same stores, at each `--threads` value its
+signature takes; its manifests must equal this tree's but for the format and the arrays' sha256 (whose
+definition the format names: eyas.manifest/1 hashed one stream per array, /2 a hash of file hashes).
 
     python bench/validate.py --tokens 400000 --threads 1 2 --out bench/results/validate-cpu.json \
         --compare-src /path/to/older/checkout/src   # also times that tree's validate_store, same inputs
 
 A run's own store instead of synthetic ones (`--store` with its `--token-shard`): `validate_store` at
 each `--threads` value, then its two parts alone, to tell which one bounds it on that machine: the
-chunk files' sha256 (one stream per array, `chunk_summary`) and the NaN/Inf scan at each thread count.
+chunk files' sha256 (`chunk_summary`, the files hashed on a pool) and the NaN/Inf scan, each at each
+thread count.
 
     python bench/validate.py --store RUN/results/hidden/train/shard-00000.zarr \
         --token-shard RUN/results/tokens/train/shard-00000.zarr --threads 1 8 16 --out validate-run.json
@@ -81,24 +85,37 @@ def write_inputs(root: Path, tokens: int, hidden: int, taps: int) -> tuple[Path,
 
 
 TIME_OTHER = """
-import json, sys, time
+import inspect, json, sys, time
 sys.path.insert(0, sys.argv[1])
 from eyas.validate import validate_store
+threads = int(sys.argv[4])
+takes_threads = "threads" in inspect.signature(validate_store).parameters
+if threads != 1 and not takes_threads:
+    print(json.dumps(None))
+    sys.exit()
 started = time.perf_counter()
-manifest = validate_store(sys.argv[2], sys.argv[3])
+manifest = validate_store(sys.argv[2], sys.argv[3], **({"threads": threads} if takes_threads else {}))
 seconds = time.perf_counter() - started
 manifest.pop("seconds")
 print(json.dumps({"seconds": seconds, "manifest": manifest}))
 """
 
 
-def time_other(src: str, shard: Path, store: Path) -> tuple[float, dict]:
-    """Seconds and manifest of `validate_store` from another source tree (its own signature: no threads)."""
+def time_other(src: str, shard: Path, store: Path, threads: int) -> tuple[float, dict] | None:
+    """Seconds and manifest of `validate_store` from another source tree at `threads` threads; None
+    where its signature takes no threads (an older tree) and `threads` is not 1."""
     env = {**os.environ, "PYTHONPATH": src}
-    out = subprocess.run([sys.executable, "-c", TIME_OTHER, src, str(shard), str(store)],
+    out = subprocess.run([sys.executable, "-c", TIME_OTHER, src, str(shard), str(store), str(threads)],
                          env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
     result = json.loads(out.splitlines()[-1])
-    return result["seconds"], result["manifest"]
+    return None if result is None else (result["seconds"], result["manifest"])
+
+
+def across_formats(manifest: dict) -> dict:
+    """What a manifest of any format must share with another of the same store: all but its seconds,
+    format and the arrays' sha256 (its definition is what the format names)."""
+    arrays = {name: {k: v for k, v in a.items() if k != "sha256"} for name, a in manifest["arrays"].items()}
+    return {k: v for k, v in manifest.items() if k not in ("seconds", "format")} | {"arrays": arrays}
 
 
 def commit_of(path: str | Path) -> str:
@@ -128,10 +145,13 @@ def time_run_store(shard: Path, store: Path, threads: list[int]) -> dict:
     opened = HiddenStore(store)
     hashes = {}
     for name in ("aux", "final", "scale") if opened.scale is not None else ("aux", "final"):
-        started = time.perf_counter()
-        summary = chunk_summary(store, name)
-        hashes[name] = {"files": summary["files"], "bytes": summary["bytes"],
-                        "seconds": round(time.perf_counter() - started, 3)}  # fmt: skip
+        for count in threads:
+            with ThreadPoolExecutor(count) as pool:
+                started = time.perf_counter()
+                summary = chunk_summary(store, name, pool=pool)
+                seconds = round(time.perf_counter() - started, 3)
+            hashes.setdefault(name, {"files": summary["files"], "bytes": summary["bytes"], "by_threads": []})
+            hashes[name]["by_threads"].append({"threads": count, "seconds": seconds})
     taps, hidden = int(opened.attrs["num_taps"]), int(opened.attrs["hidden_size"])
     scans = []
     for count in threads:
@@ -153,6 +173,9 @@ def main() -> None:
     parser.add_argument("--taps", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--compare-src", help="another checkout's src/: its validate_store timed first")
+    parser.add_argument(
+        "--compare-name", help="what --compare-src is called in the runs (default: its git commit)"
+    )
     parser.add_argument("--work", help="where the inputs go (default: a temporary folder, removed)")
     parser.add_argument("--store", type=Path, help="time this existing hidden store instead")
     parser.add_argument("--token-shard", type=Path, help="the token shard of --store")
@@ -162,7 +185,7 @@ def main() -> None:
         if not args.token_shard:
             parser.error("--store needs its --token-shard")
         result = time_run_store(args.token_shard, args.store, args.threads)
-        write_json(Path(args.out), {"what": "validate_store and its parts on a run's store",
+        write_json(Path(args.out), {"what": "validate_store and its parts on an existing store (--store)",
                                     "machine": machine(), **result})  # fmt: skip
         return
     root = Path(args.work or tempfile.mkdtemp(prefix="eyas-validate-bench-"))
@@ -171,27 +194,30 @@ def main() -> None:
         shard, stores = write_inputs(root, args.tokens, args.hidden, args.taps)
         runs, this_commit = [], commit_of(Path(__file__).parent)
         for storage, store in stores.items():
-            manifests: list[dict] = []
+            manifests: dict[str, list[dict]] = {}  # by tree
 
             def record(code: str, threads: int, seconds: float, manifest: dict) -> None:
-                manifests.append({k: v for k, v in manifest.items() if k != "seconds"})  # noqa: B023
+                kept = {k: v for k, v in manifest.items() if k != "seconds"}
+                manifests.setdefault(code, []).append(kept)  # noqa: B023
                 gb = stored_bytes(store) / 1e9  # noqa: B023 (called within this iteration)
                 runs.append({"storage": storage, "code": code, "threads": threads,  # noqa: B023
                              "seconds": round(seconds, 3), "stored_gb": round(gb, 3),
                              "stored_gb_per_s": round(gb / seconds, 3)})  # fmt: skip
                 print(json.dumps(runs[-1]), flush=True)
 
-            if args.compare_src:
-                record(
-                    f"{commit_of(args.compare_src)} (--compare-src)",
-                    1,
-                    *time_other(args.compare_src, shard, store),
-                )
+            for threads in args.threads if args.compare_src else ():
+                timed = time_other(args.compare_src, shard, store, threads)
+                if timed is not None:
+                    name = args.compare_name or commit_of(args.compare_src)
+                    record(f"{name} (--compare-src)", threads, *timed)
             for threads in args.threads:
                 started = time.perf_counter()
                 manifest = validate_store(shard, store, threads=threads)
                 record(f"{this_commit} (this tree)", threads, time.perf_counter() - started, manifest)
-            assert all(m == manifests[0] for m in manifests), f"{storage}: the manifests differ"
+            for code, same_tree in manifests.items():
+                assert all(m == same_tree[0] for m in same_tree), f"{storage} {code}: the manifests differ"
+            first = across_formats(next(iter(manifests.values()))[0])
+            assert all(across_formats(m[0]) == first for m in manifests.values()), f"{storage}: trees differ"
     finally:
         if not args.work:
             shutil.rmtree(root, ignore_errors=True)
@@ -199,7 +225,8 @@ def main() -> None:
         first = next(r for r in runs if r["storage"] == run["storage"])
         run["speedup_vs_first"] = round(first["seconds"] / run["seconds"], 2)
     write_json(Path(args.out), {
-        "what": "validate_store on synthetic normal states, same tokens in both storages; manifests equal",
+        "what": "validate_store on synthetic normal states, same tokens in both storages; a tree's manifests "
+        "equal at every thread count; across trees equal but for the format and the arrays' sha256",
         "tokens": args.tokens, "hidden_size": args.hidden, "taps": args.taps,
         "machine": machine(),
         "runs": runs,

@@ -33,7 +33,7 @@ STAGE_VERSION = {
     "train": 5,
     "evaluate": 3,
     "export": 2,
-    "validate": 1,
+    "validate": 2,
     "regenerate": 3,
     "prompts": 1,
 }

@@ -14,7 +14,7 @@ rule validate:
         "results/benchmarks/validate/{split}-{shard}.tsv"
     conda:
         "../envs/eyas.yaml"
-    threads: 8  # blocks of rows read, decoded and scanned at once, and the sha256 streams beside them
+    threads: 8  # blocks of rows read, decoded and scanned at once; the chunk files hashed on the same threads
     resources:
         mem_mb=4000,  # a 4096-token block per thread (~130 MB at K*H = 12288, ~240 MB at H = 7168) + the token shard
         runtime=30,

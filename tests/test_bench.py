@@ -112,5 +112,6 @@ def test_validate_bench_times_a_runs_store_and_its_parts(monkeypatch, tmp_path):
     assert set(hashed) == {"aux", "final", "scale"}
     # 1,500 tokens in 256-token chunks: 6 chunk files and the array's zarr.json each
     assert all(h["files"] == 7 and h["bytes"] > 0 for h in hashed.values())
+    assert all([r["threads"] for r in h["by_threads"]] == [1, 2] for h in hashed.values())
     bf16 = time_run_store(shard, stores["bf16"], [1])["sha256_alone_by_array"]
     assert set(bf16) == {"aux", "final"}  # a bf16 store has no scales

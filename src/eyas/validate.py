@@ -4,12 +4,12 @@ A store that exists is complete (atomic rename), but it can still be wrong: extr
 shard or model, chunks lost on a bad disk or by a hand copy (a missing chunk reads back as zeros,
 silently), NaN/Inf from an overflowing target. `validate_store` checks all of it and returns the
 manifest: provenance, shapes, NaN/Inf counts per tap, and per array a sha256 over the stored (encoded)
-chunk files. `check_manifest` is the cheap check a consumer runs before reading a store (manifest
-present and passed, store attrs unchanged, chunk files' count and bytes unchanged: stat only);
-`verify_manifest` re-hashes every chunk file.
+chunk files (a hash of each file's hash, `chunk_summary`). `check_manifest` is the cheap check a consumer
+runs before reading a store (manifest present and passed, store attrs unchanged, chunk files' count and
+bytes unchanged: stat only); `verify_manifest` re-hashes every chunk file.
 
 The store is read through `eyas.store.HiddenStore` and its attrs only, and scanned bit-wise as stored,
-in blocks of rows spread over `threads` threads (the chunk files' sha256 is taken beside them): a bf16
+in blocks of rows spread over `threads` threads (the chunk files are hashed on the same threads): a bf16
 value (uint16 bits) is non-finite iff its exponent bits are all ones (NaN: mantissa non-zero, Inf:
 mantissa zero); an fp8 e4m3fn value (uint8) is NaN iff its exponent and mantissa bits are all ones (it
 has no Inf), and a row whose per-token scale is NaN or Inf adds `hidden_size` NaN or Inf values (roughly
@@ -18,12 +18,13 @@ what it dequantizes to: a zero times Inf is NaN; any count fails the store eithe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
-from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,8 @@ from eyas.store import (
     read_token_shard,
 )
 
-MANIFEST_FORMAT = "eyas.manifest/1"
+# /2: an array's sha256 is over its files' own sha256s (`chunk_summary`); /1's was one stream of their bytes
+MANIFEST_FORMAT = "eyas.manifest/2"
 BF16_EXPONENT = 0x7F80  # bf16 bits: sign 1, exponent 8, mantissa 7
 BF16_MANTISSA = 0x007F
 FP8_NAN = 0x7F  # e4m3fn bits: sign 1, exponent 4, mantissa 3; S.1111.111 is NaN, there is no Inf
@@ -75,22 +77,55 @@ def _array_files(store: Path, name: str) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
 
 
-def chunk_summary(store: str | os.PathLike, name: str, hash_bytes: bool = True) -> dict:
-    """Files, bytes and (optionally) a sha256 over the relative path and bytes of every stored file of
-    array `name` (its chunk files and metadata), in path order."""
-    store = Path(store)
-    files = _array_files(store, name)
+def file_sha256(path: Path) -> str:
+    """sha256 of one file, read in blocks: hashlib drops the GIL for each, so files hash on many threads."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _tree_digest(store: Path, files: list[Path], file_hashes: Iterable[str]) -> str:
+    """sha256 over a line `relative path \\0 sha256 of the file \\n` per file, in path order: as strong
+    as one stream over every file's path and bytes, but the files' hashes can be taken at once."""
     digest = hashlib.sha256()
-    size = 0
-    for path in files:
-        size += path.stat().st_size
-        if hash_bytes:
-            digest.update(path.relative_to(store).as_posix().encode() + b"\0")
-            digest.update(path.read_bytes())
-    summary = {"files": len(files), "bytes": size}
-    if hash_bytes:
-        summary["sha256"] = digest.hexdigest()
-    return summary
+    for path, file_hash in zip(files, file_hashes, strict=True):
+        digest.update(f"{path.relative_to(store).as_posix()}\0{file_hash}\n".encode())
+    return digest.hexdigest()
+
+
+def _pending_summary(store: Path, name: str, hash_bytes: bool, pool: Executor | None) -> Callable[[], dict]:
+    """Stat array `name`'s files and queue their hashes on `pool` (none: hashed in this thread when
+    asked); the returned call gives `chunk_summary`, waiting for the hashes. Queuing them all before
+    waiting lets the caller queue other work (the NaN/Inf scan) behind them."""
+    files = _array_files(store, name)
+    summary = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+    if not hash_bytes:
+        return lambda: summary
+    futures = [pool.submit(file_sha256, p) for p in files] if pool is not None else None
+
+    def result() -> dict:
+        hashes = map(file_sha256, files) if futures is None else (f.result() for f in futures)
+        return {**summary, "sha256": _tree_digest(store, files, hashes)}
+
+    return result
+
+
+def chunk_summary(
+    store: str | os.PathLike, name: str, hash_bytes: bool = True, pool: Executor | None = None
+) -> dict:
+    """Files, bytes and (optionally) the sha256 of every stored file of array `name` (its chunk files
+    and metadata): `_tree_digest` of each file's own sha256, taken on `pool`'s threads if given."""
+    return _pending_summary(Path(store), name, hash_bytes, pool)()
+
+
+@contextlib.contextmanager
+def _pool(threads: int, prefix: str) -> Iterator[ThreadPoolExecutor]:
+    """A thread pool whose queued tasks are dropped when it is left, so that a failure (a corrupt chunk,
+    a mismatch, a signal) waits only for the tasks already running, not for every file's hash."""
+    pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix=prefix)
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # --------------------------------------------------------------------------- validation
@@ -183,16 +218,14 @@ def _check_arrays(
     num_tokens: int,
     num_taps: int,
     hidden: int,
-    pool: ThreadPoolExecutor,
-) -> tuple[dict, dict[str, Future]]:
-    """Each array's shape, dtype and chunks on disk; returns the manifest's `arrays` and, being taken
-    on `pool`, each array's stored files' count, bytes and sha256 (one stream per array)."""
+) -> dict:
+    """Each array's shape, dtype and chunks on disk; returns the manifest's `arrays` (without the
+    summary of their files)."""
     attrs = store.attrs
     arrays = {}
     # name -> (row width, on-disk dtype); fp8_e4m3 adds per-token scales of each tap and the final state
     layout = hidden_layout(store.storage, hidden, num_taps)
     checked = [(name, getattr(store, name), width, dtype) for name, (width, dtype) in layout.items()]
-    summaries = {name: pool.submit(chunk_summary, store.path, name) for name, *_ in checked}
     if "dtype" in attrs:
         problems.expect("dtype", attrs["dtype"], STORED_DTYPES[store.storage], f"storage {store.storage}")
     for name, array, width, dtype in checked:
@@ -210,7 +243,7 @@ def _check_arrays(
                 "missing on disk (they would read back as zeros)"
             )
         arrays[name] = {"shape": list(array.shape), "dtype": str(array.dtype), "chunks": list(array.chunks)}
-    return arrays, summaries
+    return arrays
 
 
 def _check_finite(
@@ -231,7 +264,7 @@ def validate_store(
     threads: int = 1,
 ) -> dict:
     """Check `hidden_store` against `token_shard` (and `expected` provenance); return its manifest.
-    `threads` read and scan blocks of rows (and hash the arrays) at once; the manifest is the same.
+    `threads` hash the stored files and read and scan blocks of rows at once; the manifest is the same.
 
     Raises `StoreInvalid` listing every problem found (each names the field).
     """
@@ -242,13 +275,16 @@ def validate_store(
     problems = _Problems()
     _check_provenance(problems, store, shard, expected)
     num_taps, hidden = int(store.attrs.get("num_taps") or 0), int(store.attrs.get("hidden_size") or 0)
-    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="validate") as pool:
-        arrays, summaries = _check_arrays(problems, store, len(shard.input_ids), num_taps, hidden, pool)
-        nonfinite = {}
-        if not problems:  # a scan of a store of the wrong shape would only add noise
+    arrays = _check_arrays(problems, store, len(shard.input_ids), num_taps, hidden)
+    nonfinite = {}
+    if not problems:  # a scan or hash of a store of the wrong shape would only add noise (and time)
+        with _pool(threads, "validate") as pool:
+            # the files' hashes are queued first, the scan's blocks behind them, on the same threads
+            summaries = {name: _pending_summary(store.path, name, True, pool) for name in arrays}
             nonfinite = _check_finite(problems, store, num_taps, hidden, pool)
-        for name, summary in summaries.items():
-            arrays[name].update(summary.result())
+            if not problems:  # a store that failed needs no digest: leaving the pool drops the hashes
+                for name, summary in summaries.items():
+                    arrays[name].update(summary())
     if problems:
         raise StoreInvalid(f"{where} (token shard {os.fspath(token_shard)}): " + "; ".join(problems))
     return {
@@ -280,8 +316,13 @@ def _load_manifest(store: Path, manifest_path: str | os.PathLike) -> dict:
         raise StoreInvalid(f"{store}: no manifest at {manifest_path}: run the validate rule first") from None
     except json.JSONDecodeError as err:
         raise StoreInvalid(f"{manifest_path}: not valid JSON ({err})") from None
-    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("ok") is not True:
-        raise StoreInvalid(f"{manifest_path}: field 'format'/'ok' is not {MANIFEST_FORMAT!r}/true")
+    if manifest.get("format") != MANIFEST_FORMAT:  # an older format's sha256 meant something else
+        raise StoreInvalid(
+            f"{manifest_path}: field 'format' is {manifest.get('format')!r}, expected {MANIFEST_FORMAT!r}: "
+            "validate the store again (remove this manifest and run the validate rule)"
+        )
+    if manifest.get("ok") is not True:
+        raise StoreInvalid(f"{manifest_path}: field 'ok' is {manifest.get('ok')!r}, expected true")
     if manifest.get("store_name") != store.name:
         raise StoreInvalid(
             f"{manifest_path}: field 'store_name' is {manifest.get('store_name')!r}, not {store.name!r}"
@@ -310,13 +351,19 @@ def check_manifest(hidden_store: str | os.PathLike, manifest_path: str | os.Path
     return manifest
 
 
-def verify_manifest(hidden_store: str | os.PathLike, manifest_path: str | os.PathLike) -> dict:
-    """`check_manifest` plus a re-hash of every stored chunk file."""
+def verify_manifest(
+    hidden_store: str | os.PathLike, manifest_path: str | os.PathLike, threads: int = 1
+) -> dict:
+    """`check_manifest` plus a re-hash of every stored chunk file, on `threads` threads."""
     manifest = check_manifest(hidden_store, manifest_path)
-    for name, recorded in manifest["arrays"].items():
-        digest = chunk_summary(hidden_store, name)["sha256"]
-        if digest != recorded["sha256"]:
-            raise StoreInvalid(f"{hidden_store}: array {name!r} field 'sha256' differs from {manifest_path}")
+    store = Path(hidden_store)
+    with _pool(threads, "verify") as pool:
+        summaries = {name: _pending_summary(store, name, True, pool) for name in manifest["arrays"]}
+        for name, recorded in manifest["arrays"].items():
+            if summaries[name]()["sha256"] != recorded["sha256"]:
+                raise StoreInvalid(
+                    f"{hidden_store}: array {name!r} field 'sha256' differs from {manifest_path}"
+                )
     return manifest
 
 

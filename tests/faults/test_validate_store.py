@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +18,11 @@ from eyas.core.layer_ids import LAYER_ID_CONVENTION
 from eyas.core.provenance import model_hash
 from eyas.store import HiddenStore, write_token_shard
 from eyas.validate import (
+    MANIFEST_FORMAT,
     StoreInvalid,
     check_manifest,
     check_manifests,
+    chunk_summary,
     nonfinite_bf16,
     nonfinite_fp8,
     validate_store,
@@ -122,12 +126,65 @@ def test_manifest_goes_stale_when_the_store_changes(store_copy, token_shard_path
         data[len(data) // 2] ^= 0xFF
         chunk.write_bytes(bytes(data))
         check_manifest(store_copy, path)  # same size: the cheap check cannot see it ...
-        with pytest.raises(StoreInvalid, match="array 'final' field 'sha256'"):
-            verify_manifest(store_copy, path)  # ... the full one does
+        for threads in (1, 4):
+            with pytest.raises(StoreInvalid, match="array 'final' field 'sha256'"):
+                verify_manifest(store_copy, path, threads=threads)  # ... the full one does
     with ledger.case("bad_input", "manifest: chunk deleted after validation", "check refuses"):
         (store_copy / "aux" / "c" / "0" / "0").unlink()
         with pytest.raises(StoreInvalid, match="array 'aux' field 'files'"):
             check_manifest(store_copy, path)
+
+
+def _tree_digest_by_hand(store: Path, name: str) -> str:
+    """The manifest's array sha256 as docs/design.md defines it, spelled out independently."""
+    files = sorted(p for p in (store / name).rglob("*") if p.is_file())
+    lines = "".join(
+        f"{p.relative_to(store).as_posix()}\0{hashlib.sha256(p.read_bytes()).hexdigest()}\n" for p in files
+    )
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def test_array_digest_is_a_hash_of_file_hashes_whatever_the_threads(reference_store, token_shard_path):
+    assert MANIFEST_FORMAT == "eyas.manifest/2"
+    manifest = _without_seconds(validate_store(token_shard_path, reference_store, threads=1))
+    assert _without_seconds(validate_store(token_shard_path, reference_store, threads=4)) == manifest
+    with ThreadPoolExecutor(4) as pool:
+        for name in ("aux", "final"):
+            alone = chunk_summary(reference_store, name)
+            assert chunk_summary(reference_store, name, pool=pool) == alone
+            assert alone == {key: manifest["arrays"][name][key] for key in ("files", "bytes", "sha256")}
+            assert alone["files"] > 4  # several chunk files, so the pool has work to spread
+            assert alone["sha256"] == _tree_digest_by_hand(reference_store, name)
+    assert manifest["arrays"]["aux"]["sha256"] != manifest["arrays"]["final"]["sha256"]
+
+
+def test_one_changed_byte_changes_the_array_digest(store_copy, token_shard_path, tmp_path):
+    path = tmp_path / "m.json"
+    write_manifest(path, validate_store(token_shard_path, store_copy, threads=2))
+    before = {name: chunk_summary(store_copy, name)["sha256"] for name in ("aux", "final")}
+    chunks = sorted(p for p in (store_copy / "aux" / "c").rglob("*") if p.is_file())
+    chunk = chunks[-1]  # the last chunk file: the change is not in the first bytes hashed
+    data = bytearray(chunk.read_bytes())
+    data[-1] ^= 0x01
+    chunk.write_bytes(bytes(data))
+    after = {name: chunk_summary(store_copy, name)["sha256"] for name in ("aux", "final")}
+    assert after["aux"] != before["aux"] and after["final"] == before["final"]
+    with pytest.raises(StoreInvalid, match="array 'aux' field 'sha256' differs"):
+        verify_manifest(store_copy, path, threads=4)
+
+
+def test_a_manifest_of_the_older_format_is_refused_naming_the_format(
+    reference_store, token_shard_path, tmp_path
+):
+    manifest = validate_store(token_shard_path, reference_store)
+    path = tmp_path / "m.json"
+    write_manifest(path, manifest)
+    verify_manifest(reference_store, path, threads=2)  # the current format passes ...
+    write_manifest(path, {**manifest, "format": "eyas.manifest/1"})
+    for check in (check_manifest, verify_manifest, lambda s, m: check_manifests([str(s)], [str(m)])):
+        with pytest.raises(StoreInvalid) as err:  # ... the older one, whose sha256 meant another thing, not
+            check(reference_store, path)
+        assert "field 'format' is 'eyas.manifest/1', expected 'eyas.manifest/2'" in str(err.value)
 
 
 def test_training_refuses_a_store_without_a_valid_manifest(reference_store, tmp_path, ledger):
@@ -135,10 +192,13 @@ def test_training_refuses_a_store_without_a_valid_manifest(reference_store, tmp_
     from eyas.train.trainer import train
 
     failed = tmp_path / "failed.json"
-    failed.write_text(json.dumps({"format": "eyas.manifest/1", "ok": False}))
+    failed.write_text(json.dumps({"format": MANIFEST_FORMAT, "ok": False}))
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps({"format": "eyas.manifest/1", "ok": True}))
     for name, manifest, message in (
         ("missing", tmp_path / "none.json", "no manifest at"),
-        ("failed", failed, "field 'format'/'ok'"),
+        ("failed", failed, "field 'ok' is False"),
+        ("older-format", older, f"field 'format' is 'eyas.manifest/1', expected '{MANIFEST_FORMAT}'"),
     ):
         with ledger.case("bad_input", f"train with {name} manifest", "StoreInvalid before training"):
             with pytest.raises(StoreInvalid, match=message):
