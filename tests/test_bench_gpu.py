@@ -225,3 +225,25 @@ def test_extraction_profile_top_ranks_by_own_and_cumulative_time(tmp_path):
     )
     assert any(r["function"].endswith("(outer)") and r["calls"] == 1 for r in cumulative)
     assert top["total_seconds"] >= cumulative[0]["own_seconds"]
+
+
+def test_extraction_ratios_hold_capture_to_the_faster_bare_run():
+    result = {
+        "bare_prefill": {"tokens_per_s_by": {"after_engine_start": 100.0, "end_to_end": 10.0}},
+        "bare_prefill_last": {"tokens_per_s_by": {"after_engine_start": 200.0, "end_to_end": 8.0}},
+        "variants": {
+            "a": {"tokens_per_s_by": {"after_engine_start": 150.0, "end_to_end": 5.0}},
+            "failed": {"exit_code": 1},
+        },
+    }
+    extraction.add_ratios(result)
+    a = result["variants"]["a"]
+    assert a["ratio_to_bare"] == {"after_engine_start": 0.75, "end_to_end": 0.5}
+    assert a["ratio_to_each_bare"] == [
+        {"after_engine_start": 1.5, "end_to_end": 0.5},
+        {"after_engine_start": 0.75, "end_to_end": 0.625},
+    ]
+    assert "ratio_to_bare" not in result["variants"]["failed"]
+    del result["bare_prefill_last"]  # a last bare run that failed: the first one alone
+    extraction.add_ratios(result)
+    assert a["ratio_to_bare"] == {"after_engine_start": 1.5, "end_to_end": 0.5}
