@@ -175,6 +175,7 @@ def test_training_reduces_loss_and_writes_outputs(data, tmp_path):
     assert not (tmp_path / "drafter-checkpoint").exists() and not (tmp_path / "log.csv.partial").exists()
     Eagle3Drafter.from_pretrained(tmp_path / "drafter")
     assert stats["tokens"] > 0 and stats["tokens_per_s"] > 0
+    assert 0 <= stats["loader_wait_seconds"] <= stats["seconds"]  # a share of the steps' own seconds
 
 
 @pytest.mark.parametrize(
