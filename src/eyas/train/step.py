@@ -200,19 +200,26 @@ class OptimizerStep:
         self.settings, self.amp, self.device, self.log = settings, amp, device, log
         self.checkpointer, self.stop = checkpointer, stop
         self.waited = 0.0  # seconds this process waited for the loader's batches (not checkpointed)
+        # this process's step seconds by phase, timed at the syncs the step has anyway (no new ones):
+        # `forward_backward` ends at the metrics' copy to the host, `clip` at the norm's, and `update`
+        # (AdamW, schedule, log row) is host time, its kernels finishing inside the next step's phases
+        self.phase_seconds = dict.fromkeys(("loader_wait", "forward_backward", "clip", "update"), 0.0)
 
     def __call__(self, run: RunState, batches: Iterator[Batch | None], share: list) -> dict:
         """Draw this rank's grad_accum micro-batches from `batches` (its `share` of the step group:
         sample rows per micro-batch, None for an empty slot). Returns the step's global metrics."""
         started = time.perf_counter()
         micro = [next(batches) for _ in range(self.settings.grad_accum)]
-        self.waited += time.perf_counter() - started
+        fed = time.perf_counter()
+        self.waited += fed - started
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.zero_grad(set_to_none=True)
         metrics = train_step(
             self.spread, self.teacher, micro, self.settings, self.amp, self.device, self.stop.requested
         )
+        stepped = time.perf_counter()
         grad_norm = self.spread.clip_gradients(self.settings.grad_clip)
+        clipped = time.perf_counter()
         if not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm)):
             raise NonFiniteLoss(self.non_finite_message(run, metrics["loss"], grad_norm))
         self.optimizer.step()
@@ -222,10 +229,17 @@ class OptimizerStep:
                 run.seen[torch.as_tensor(rows_of_batch)] += 1
         run.step, run.group_in_epoch = run.step + 1, run.group_in_epoch + 1
         run.tokens += metrics["tokens"]
-        run.seconds += time.perf_counter() - started
         row = [run.step, run.epoch, lr, metrics["loss"], *metrics["acc"], run.tokens, grad_norm]
         run.log_rows.append(row)
         self.log.append(row)
+        ended = time.perf_counter()
+        run.seconds += ended - started
+        for phase, seconds in zip(
+            self.phase_seconds,
+            (fed - started, stepped - fed, clipped - stepped, ended - clipped),
+            strict=True,
+        ):
+            self.phase_seconds[phase] += seconds
         return metrics
 
     def non_finite_message(self, run: RunState, loss: float, grad_norm: float) -> str:

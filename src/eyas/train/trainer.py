@@ -205,9 +205,9 @@ def train(
 
     stats = run_stats(s.run, resumed_from, s.world.size, settings.grad_accum, metrics)
     stats.update(samples=len(s.loader.samples), samples_skipped_by_fraction=s.loader.skipped_by_fraction)
-    # this process's steps' wait for batches (a resumed run's earlier processes not counted): where the
-    # loop's seconds outrun the bench's step time, this tells the loader from the step
-    stats["loader_wait_seconds"] = round(s.step.waited, 3)
+    # this process's step seconds by phase (a resumed run's earlier processes not counted): where the
+    # loop outruns the bench's step time (bench/train_profile.py), they tell the loader from the step
+    stats["phase_seconds"] = {phase: round(t, 3) for phase, t in s.step.phase_seconds.items()}
     whole = s.checkpointer.save(s.run, s.spread, s.optimizer, s.scheduler)  # final weights, gathered once
     if s.world.main:
         s.checkpointer.write_output(whole, stats, best=bool(s.run.best))
