@@ -20,7 +20,7 @@ from eyas.store import ProvenanceError
 from eyas.train import drafter_setup
 from eyas.train.csvlog import TrainLog
 from eyas.train.loader import SORT_WINDOW, PairedLoader, conversation_kept, plan_batches, sort_window
-from eyas.train.trainer import lr_factor, train
+from eyas.train.trainer import loader_readers, lr_factor, train
 
 torch.set_num_threads(1)
 
@@ -243,6 +243,20 @@ def test_changed_settings_do_not_resume(data, tmp_path, monkeypatch):
     _killed_at_step_3(data, tmp_path, monkeypatch)
     stats = run(data, tmp_path, settings(max_steps=4, lr=1e-4))
     assert stats["resumed_from_step"] == 0
+
+
+def test_more_loader_readers_still_resume_the_same_run(data, tmp_path, monkeypatch):
+    """The readers change how batches are read, never which: a checkpoint resumes across their count
+    (and across the other settings that leave the maths alone, NOT_FINGERPRINTED)."""
+    _killed_at_step_3(data, tmp_path, monkeypatch)
+    stats = run(data, tmp_path, settings(max_steps=4, loader_readers=3, checkpoint_every=3))
+    assert stats["resumed_from_step"] == 2 and stats["steps"] == 4
+
+
+def test_loader_readers_asked_or_from_the_device_and_threads():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert loader_readers(cpu, 16) == 1 and loader_readers(gpu, 16) == 4 and loader_readers(gpu, 4) == 2
+    assert loader_readers(cpu, 16, asked=3) == 3 and loader_readers(gpu, 16, asked=1) == 1
 
 
 def test_a_checkpoint_of_another_batch_plan_does_not_resume(data, tmp_path, monkeypatch):

@@ -195,6 +195,12 @@ class TrainSettings:
     `.previous`); a rerun resumes from the newest that verifies against its checksums."""
     progress: bool = True
     """Show a progress bar."""
+    loader_readers: int | None = bounded(None, ge=1, le=64)
+    """Threads reading the stores ahead of the steps; null = one on CPU (the step needs every core),
+    on a GPU host half the job's threads up to 4 (on an H200 4 fed the 8B-shape trainer 2.4x its rate,
+    8 only 2.0x). The readers share the trainer's process, and its GIL, with the step's kernel
+    launches: set it to compare (a sweep's reports carry the steps' `phase_seconds`). It does not
+    change what is trained (batches come in plan order), so a checkpoint resumes across values."""
     nproc: int = bounded(1, ge=1, le=1024)
     """Data-parallel processes (torchrun on this node; one GPU each on CUDA, gloo on CPU). The global
     batch of a step is nproc * grad_accum micro-batches of `token_budget` padded tokens."""

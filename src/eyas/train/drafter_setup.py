@@ -117,5 +117,7 @@ def provenance(
     )
     stores = [a.get("tokens_checksum") for a in loader.store_attrs]
     inputs = {"stores": stores, "vocab": vocab_hash, "world_size": world.size, "batch_plan": BATCH_PLAN}
-    fp = fingerprint(settings, {**inputs, **extra})
+    # the settings enter through `fingerprint`'s own filter (NOT_FINGERPRINTED), not a second time whole
+    recorded = {k: v for k, v in extra.items() if k != "train_settings"}
+    fp = fingerprint(settings, {**inputs, **recorded})
     return extra, fp

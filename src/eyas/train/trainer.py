@@ -84,10 +84,12 @@ def resolve_amp(dtype: str, device: torch.device) -> torch.dtype | None:
 
 
 # --------------------------------------------------------------------------- setup
-def loader_readers(device: torch.device, threads: int | None) -> int:
-    """Reader threads of the loader: one on CPU, where the step needs every core; on a GPU host
-    half the job's threads, up to 4. On the H200 host 4 readers fed the 8B-shape trainer 2.4x its
-    rate, 8 only 2.0x (bench/README.md, trainer section)."""
+def loader_readers(device: torch.device, threads: int | None, asked: int | None = None) -> int:
+    """Reader threads of the loader: `asked` (train.loader_readers) if set; else one on CPU, where the
+    step needs every core, and on a GPU host half the job's threads, up to 4. On the H200 host 4
+    readers fed the 8B-shape trainer 2.4x its rate, 8 only 2.0x (bench/README.md, trainer section)."""
+    if asked is not None:
+        return asked
     if device.type != "cuda":
         return 1
     return max(1, min(4, (threads or os.cpu_count() or 2) // 2))
@@ -109,7 +111,7 @@ def make_loader(
         settings.seed,
         expected_provenance,
         pin_memory=device.type == "cuda",
-        readers=loader_readers(device, threads),
+        readers=loader_readers(device, threads, settings.loader_readers),
         fraction=settings.data_fraction,
         pad_multiple=pad_multiple_for(device),
     )
