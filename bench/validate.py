@@ -11,10 +11,13 @@ definition the format names: eyas.manifest/1 hashed one stream per array, /2 a h
     python bench/validate.py --tokens 400000 --threads 1 2 --out bench/results/validate-cpu.json \
         --compare-src /path/to/older/checkout/src   # also times that tree's validate_store, same inputs
 
+`--chunks-per-shard 16` shards the synthetic stores as the GPU recipe does (one file per 16 chunks);
+`--work DIR` keeps them, for `--store` runs after.
+
 A run's own store instead of synthetic ones (`--store` with its `--token-shard`): `validate_store` at
 each `--threads` value, then its two parts alone, to tell which one bounds it on that machine: the
 chunk files' sha256 (`chunk_summary`, the files hashed on a pool) and the NaN/Inf scan, each at each
-thread count.
+thread count; with `--compare-src`, that tree's scan alone is timed too, on the same store.
 
     python bench/validate.py --store RUN/results/hidden/train/shard-00000.zarr \
         --token-shard RUN/results/tokens/train/shard-00000.zarr --threads 1 8 16 --out validate-run.json
@@ -50,8 +53,11 @@ from gpubench import machine, write_json  # noqa: E402
 SAMPLE_TOKENS = 1024
 
 
-def write_inputs(root: Path, tokens: int, hidden: int, taps: int) -> tuple[Path, dict[str, Path]]:
-    """A token shard of `tokens` tokens and a bf16 and an fp8 store of the same states."""
+def write_inputs(
+    root: Path, tokens: int, hidden: int, taps: int, chunks_per_shard: int = 1
+) -> tuple[Path, dict[str, Path]]:
+    """A token shard of `tokens` tokens and a bf16 and an fp8 store of the same states, each
+    `chunks_per_shard` chunks a file (the GPU recipe shards 16)."""
     rng = np.random.default_rng(0)
     lengths = [SAMPLE_TOKENS] * (tokens // SAMPLE_TOKENS) + (
         [tokens % SAMPLE_TOKENS] if tokens % SAMPLE_TOKENS else []
@@ -69,9 +75,8 @@ def write_inputs(root: Path, tokens: int, hidden: int, taps: int) -> tuple[Path,
     stores = {}
     for storage in ("bf16", "fp8_e4m3"):
         stores[storage] = root / f"{storage}.zarr"
-        with hidden_store_writer(
-            stores[storage], shard.sample_offsets, hidden, taps, attrs, storage=storage
-        ) as w:
+        layout = {"storage": storage, "chunks_per_shard": chunks_per_shard}
+        with hidden_store_writer(stores[storage], shard.sample_offsets, hidden, taps, attrs, **layout) as w:
             for index, n in enumerate(lengths):
                 states = torch.randn(n, taps + 1, hidden, generator=generator)  # [T, K+1, H]
                 if storage == "bf16":
@@ -98,6 +103,22 @@ manifest = validate_store(sys.argv[2], sys.argv[3], **({"threads": threads} if t
 seconds = time.perf_counter() - started
 manifest.pop("seconds")
 print(json.dumps({"seconds": seconds, "manifest": manifest}))
+"""
+
+
+TIME_OTHER_SCAN = """
+import json, sys, time
+from concurrent.futures import ThreadPoolExecutor
+sys.path.insert(0, sys.argv[1])
+from eyas.store import HiddenStore
+from eyas.validate import _scan_nonfinite
+store = HiddenStore(sys.argv[2])
+taps, hidden = int(store.attrs["num_taps"]), int(store.attrs["hidden_size"])
+with ThreadPoolExecutor(int(sys.argv[3])) as pool:
+    started = time.perf_counter()
+    counts = _scan_nonfinite(store, taps, hidden, pool)
+    seconds = time.perf_counter() - started
+print(json.dumps({"seconds": seconds, "nonfinite": counts}))
 """
 
 
@@ -130,8 +151,28 @@ def commit_of(path: str | Path) -> str:
     return (head or "unknown") + ("+changes" if dirty.stdout.strip() else "")
 
 
-def time_run_store(shard: Path, store: Path, threads: list[int]) -> dict:
-    """validate_store on an existing store at each thread count, then its hash and its scan alone."""
+def time_scan(store: Path, threads: int, src: str | None = None) -> tuple[float, dict]:
+    """Seconds and counts of the NaN/Inf scan alone (`_scan_nonfinite`) of `store` on a pool of
+    `threads`, by this tree or, given `src`, by that tree's code in a child process."""
+    if src is None:
+        opened = HiddenStore(store)
+        taps, hidden = int(opened.attrs["num_taps"]), int(opened.attrs["hidden_size"])
+        with ThreadPoolExecutor(threads) as pool:
+            started = time.perf_counter()
+            counts = _scan_nonfinite(opened, taps, hidden, pool)
+            return time.perf_counter() - started, counts
+    env = {**os.environ, "PYTHONPATH": src}
+    out = subprocess.run([sys.executable, "-c", TIME_OTHER_SCAN, src, str(store), str(threads)],
+                         env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    result = json.loads(out.splitlines()[-1])
+    return result["seconds"], result["nonfinite"]
+
+
+def time_run_store(
+    shard: Path, store: Path, threads: list[int], compare: tuple[str, str] | None = None
+) -> dict:
+    """validate_store on an existing store at each thread count, then its hash and its scan alone (the
+    scan also by the tree `compare` = (its src, its name), first, where given)."""
     gb = stored_bytes(store) / 1e9
     runs = []
     for count in threads:
@@ -152,16 +193,22 @@ def time_run_store(shard: Path, store: Path, threads: list[int]) -> dict:
                 seconds = round(time.perf_counter() - started, 3)
             hashes.setdefault(name, {"files": summary["files"], "bytes": summary["bytes"], "by_threads": []})
             hashes[name]["by_threads"].append({"threads": count, "seconds": seconds})
-    taps, hidden = int(opened.attrs["num_taps"]), int(opened.attrs["hidden_size"])
-    scans = []
-    for count in threads:
-        with ThreadPoolExecutor(count) as pool:
-            started = time.perf_counter()
-            _scan_nonfinite(opened, taps, hidden, pool)
-            scans.append({"threads": count, "seconds": round(time.perf_counter() - started, 3)})
+    scans, counts = [], []
+    trees = ([(compare[1] + " (--compare-src)", compare[0])] if compare else []) + [
+        (f"{commit_of(Path(__file__).parent)} (this tree)", None)
+    ]
+    for code, src in trees:
+        for count in threads:
+            seconds, nonfinite = time_scan(store, count, src)
+            counts.append(nonfinite)
+            scans.append({"code": code, "threads": count, "seconds": round(seconds, 3),
+                          "stored_gb_per_s": round(gb / seconds, 3),
+                          "stored_gb_per_s_per_thread": round(gb / seconds / count, 3)})  # fmt: skip
+            print(json.dumps(scans[-1]), flush=True)
+    assert all(c == counts[0] for c in counts), "the scans' NaN/Inf counts differ"
     return {"store": str(store), "stored_gb": round(gb, 3), "tokens": int(opened.sample_offsets[-1]),
             "storage": opened.storage, "validate_store": runs, "sha256_alone_by_array": hashes,
-            "scan_alone": scans}  # fmt: skip
+            "scan_alone": scans, "nonfinite": counts[0]}  # fmt: skip
 
 
 def main() -> None:
@@ -172,6 +219,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--taps", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--chunks-per-shard", type=int, default=1, help="synthetic stores sharded so (the GPU recipe: 16)"
+    )
     parser.add_argument("--compare-src", help="another checkout's src/: its validate_store timed first")
     parser.add_argument(
         "--compare-name", help="what --compare-src is called in the runs (default: its git commit)"
@@ -184,14 +234,17 @@ def main() -> None:
     if args.store:
         if not args.token_shard:
             parser.error("--store needs its --token-shard")
-        result = time_run_store(args.token_shard, args.store, args.threads)
+        compare = (
+            (args.compare_src, args.compare_name or commit_of(args.compare_src)) if args.compare_src else None
+        )
+        result = time_run_store(args.token_shard, args.store, args.threads, compare)
         write_json(Path(args.out), {"what": "validate_store and its parts on an existing store (--store)",
                                     "machine": machine(), **result})  # fmt: skip
         return
     root = Path(args.work or tempfile.mkdtemp(prefix="eyas-validate-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     try:
-        shard, stores = write_inputs(root, args.tokens, args.hidden, args.taps)
+        shard, stores = write_inputs(root, args.tokens, args.hidden, args.taps, args.chunks_per_shard)
         runs, this_commit = [], commit_of(Path(__file__).parent)
         for storage, store in stores.items():
             manifests: dict[str, list[dict]] = {}  # by tree
@@ -228,6 +281,7 @@ def main() -> None:
         "what": "validate_store on synthetic normal states, same tokens in both storages; a tree's manifests "
         "equal at every thread count; across trees equal but for the format and the arrays' sha256",
         "tokens": args.tokens, "hidden_size": args.hidden, "taps": args.taps,
+        "chunks_per_shard": args.chunks_per_shard,
         "machine": machine(),
         "runs": runs,
     })  # fmt: skip

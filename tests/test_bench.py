@@ -115,3 +115,21 @@ def test_validate_bench_times_a_runs_store_and_its_parts(monkeypatch, tmp_path):
     assert all([r["threads"] for r in h["by_threads"]] == [1, 2] for h in hashed.values())
     bf16 = time_run_store(shard, stores["bf16"], [1])["sha256_alone_by_array"]
     assert set(bf16) == {"aux", "final"}  # a bf16 store has no scales
+
+
+def test_validate_bench_shards_its_synthetic_stores(monkeypatch, tmp_path):
+    """--chunks-per-shard writes the synthetic stores sharded, as the GPU recipe does (16 a file); --store
+    with --compare-src times that tree's scan alone too, and its counts must be this tree's."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from validate import time_run_store, write_inputs
+
+    from eyas.store import HiddenStore
+
+    shard, stores = write_inputs(tmp_path, 1500, 16, 2, chunks_per_shard=4)
+    for store in stores.values():
+        assert HiddenStore(store).aux.shards == (1024, 32)  # 4 chunks of 256 tokens, 2 taps x 16
+    result = time_run_store(shard, stores["fp8_e4m3"], [2], compare=(str(REPO / "src"), "again"))
+    assert all(h["files"] == 3 for h in result["sha256_alone_by_array"].values())  # 6 chunks, 2 shards
+    scans = result["scan_alone"]  # --compare-src's scan (here this tree's, in a child process) first
+    assert [(s["code"].endswith("(--compare-src)"), s["threads"]) for s in scans] == [(True, 2), (False, 2)]
+    assert all(c == {"nan": 0, "inf": 0} for c in result["nonfinite"].values())

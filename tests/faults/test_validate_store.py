@@ -323,3 +323,132 @@ def test_broken_fp8_store_is_refused_naming_the_tap(
         with pytest.raises(StoreInvalid) as err:
             validate_store(token_shard_path, store, threads=2)
         assert message.format(hidden=hidden, twice=2 * hidden) in str(err.value), str(err.value)
+
+
+# --------------------------------------------------------------------------- exact counts, planted
+PLANT_LENGTHS, PLANT_HIDDEN, PLANT_TAPS, PLANT_CHUNK = (40, 0, 100, 17, 143), 8, 3, 24  # 300 tokens
+BF16_PLANTS = [  # (array, row, column in the array, bits): NaN and Inf of both signs, then finite extremes
+    ("aux", 0, 3, 0x7FC1),  # tap 0: NaN (first row of the first block)
+    ("aux", 95, 2 * PLANT_HIDDEN, 0xFFC0),  # tap 2: -NaN, last row of a 96-row block
+    ("aux", 96, PLANT_HIDDEN + 7, 0x7F80),  # tap 1: +Inf, first row of the next block
+    ("aux", 97, PLANT_HIDDEN, 0xFF81),  # tap 1: -NaN, the smallest NaN mantissa
+    ("final", 150, 0, 0x7FFF),  # final: NaN, every mantissa bit
+    ("final", 299, 5, 0xFF80),  # final: -Inf, last row of the partial last block
+    ("aux", 10, 1, 0x7F7F),  # the largest finite value, and the most negative: not counted
+    ("final", 11, 1, 0xFF7F),
+]
+BF16_COUNTS = [(1, 0), (1, 1), (1, 0), (1, 1)]  # (NaN, Inf) of taps 0, 1, 2 and the final state
+FP8_PLANTS = [  # bits: 0x7F / 0xFF NaN; scales (the taps' then the final state's) NaN, Inf
+    ("aux", 0, 3, 0x7F),
+    ("aux", 95, 2 * PLANT_HIDDEN, 0xFF),
+    ("final", 299, 5, 0x7F),
+    ("scale", 96, 1, np.nan),  # tap 1's scale: `hidden` NaN values
+    ("scale", 200, PLANT_TAPS, np.inf),  # the final state's scale: `hidden` Inf values
+    ("scale", 299, 0, -np.inf),  # tap 0's scale, last row
+    ("aux", 10, 1, 0x7E),  # the largest finite magnitudes, both signs: not counted
+    ("final", 11, 1, 0xFE),
+]
+H = PLANT_HIDDEN
+FP8_COUNTS = [(1, H), (H, 0), (1, 0), (1, H)]
+
+
+def _planted_store(root: Path, storage: str, chunks_per_shard: int, plants: list) -> tuple[Path, Path]:
+    """A token shard and a store of finite random values with `plants` written in; a store of 300
+    tokens in 24-token chunks (13 chunks, an edge chunk), sharded `chunks_per_shard` a file."""
+    from eyas.core.provenance import EYAS_VERSION, FINAL_NORM, sha256_array
+    from eyas.store import hidden_store_writer, read_token_shard
+
+    rng = np.random.default_rng(0)
+    samples = [(rng.integers(0, 1000, n).astype(np.int32), np.ones(n, np.uint8)) for n in PLANT_LENGTHS]
+    shard_attrs = {"tokenizer_hash": "t", "chat_template_hash": "c", "split": "train", "shard": 0,
+                   "model_id": "planted"}  # fmt: skip
+    write_token_shard(root / "tokens.zarr", samples, [f"s{i}" for i in range(len(samples))], shard_attrs)
+    shard = read_token_shard(root / "tokens.zarr")
+    attrs = {**shard_attrs, "model_hash": "0" * 64, "layer_ids": [1, 2, 3],
+             "layer_id_convention": LAYER_ID_CONVENTION, "final_norm": FINAL_NORM,
+             "tokens_checksum": sha256_array(shard.input_ids), "eyas_version": EYAS_VERSION}  # fmt: skip
+    n, fp8 = int(shard.sample_offsets[-1]), storage == "fp8_e4m3"
+    if fp8:  # finite e4m3 bits (magnitude below 0x7F, either sign) and finite scales
+        bits = rng.integers(0, 0x7F, (n, PLANT_TAPS + 1, H)) | (
+            rng.integers(0, 2, (n, PLANT_TAPS + 1, H)) << 7
+        )
+        bits = bits.astype(np.uint8)
+        rows = {
+            "aux": bits[:, :PLANT_TAPS].reshape(n, -1),
+            "final": bits[:, PLANT_TAPS].copy(),
+            "scale": rng.random((n, PLANT_TAPS + 1), np.float32),
+        }
+    else:
+        from eyas.store import bf16_to_uint16
+
+        rows = {
+            "aux": bf16_to_uint16(torch.randn(n, PLANT_TAPS * H)),
+            "final": bf16_to_uint16(torch.randn(n, H)),
+        }
+    for name, row, column, value in plants:
+        rows[name][row, column] = value
+    path = root / f"{storage}-{chunks_per_shard}.zarr"
+    offsets = shard.sample_offsets
+    with hidden_store_writer(
+        path, offsets, H, PLANT_TAPS, attrs, PLANT_CHUNK, storage, chunks_per_shard
+    ) as w:
+        for i in range(len(PLANT_LENGTHS)):
+            lo, hi = offsets[i], offsets[i + 1]
+            w.write_sample(i, *(rows[name][lo:hi] for name in ("aux", "final", "scale") if name in rows))
+    return root / "tokens.zarr", path
+
+
+def _torch_counts(store: HiddenStore) -> list[tuple[int, int]]:
+    """(NaN, Inf) per tap and final state, by torch on the values as stored (an independent check)."""
+    n = int(store.sample_offsets[-1])
+    aux, final = store.stored_rows("aux", 0, n), store.stored_rows("final", 0, n)
+    parts = [aux[:, t * H : (t + 1) * H] for t in range(PLANT_TAPS)] + [final]
+    if store.scale is None:
+        values = [torch.from_numpy(p.copy()).view(torch.bfloat16) for p in parts]
+        return [(int(v.isnan().sum()), int(v.isinf().sum())) for v in values]
+    scale = torch.from_numpy(store.stored_rows("scale", 0, n))
+    values = [torch.from_numpy(p.copy()).view(torch.float8_e4m3fn).float() for p in parts]
+    return [
+        (int(v.isnan().sum()) + H * int(scale[:, j].isnan().sum()), H * int(scale[:, j].isinf().sum()))
+        for j, v in enumerate(values)
+    ]
+
+
+@pytest.mark.parametrize("scan_rows", [96, 100])  # blocks of whole chunks (4), and blocks across chunks
+@pytest.mark.parametrize("chunks_per_shard", [1, 4])
+@pytest.mark.parametrize("storage", ["bf16", "fp8_e4m3"])
+def test_planted_nan_and_inf_are_counted_exactly(tmp_path, monkeypatch, storage, chunks_per_shard, scan_rows):
+    """NaN and Inf planted in several taps and the final state, at block edges and in the partial last
+    block (fp8: also in the per-token scales, `hidden` values each): the manifest's counts per tap are
+    exactly the planted ones and torch's on the stored values, at any thread count."""
+    import eyas.validate
+    from eyas.validate import _scan_nonfinite
+
+    monkeypatch.setattr(eyas.validate, "SCAN_ROWS", scan_rows)
+    plants, expected = (BF16_PLANTS, BF16_COUNTS) if storage == "bf16" else (FP8_PLANTS, FP8_COUNTS)
+    tokens, path = _planted_store(tmp_path, storage, chunks_per_shard, plants)
+    store = HiddenStore(path)
+    assert (store.aux.shards is not None) == (chunks_per_shard > 1)
+    assert _torch_counts(store) == expected
+    names = [f"aux[{i}] layer {i + 1}" for i in range(PLANT_TAPS)] + ["final"]
+    want = {name: {"nan": nan, "inf": inf} for name, (nan, inf) in zip(names, expected, strict=True)}
+    for threads in (1, 3):
+        with ThreadPoolExecutor(threads) as pool:
+            assert _scan_nonfinite(store, PLANT_TAPS, H, pool) == want
+    with pytest.raises(StoreInvalid) as err:
+        validate_store(tokens, path, threads=2)
+    for name, (nan, inf) in zip(names, expected, strict=True):
+        assert f"{name}: {nan} NaN, {inf} Inf values" in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8_e4m3"])
+def test_a_store_without_plants_passes_with_zero_counts(tmp_path, monkeypatch, storage):
+    """The same store with only finite values (the extremes kept): validated, every count zero."""
+    import eyas.validate
+
+    monkeypatch.setattr(eyas.validate, "SCAN_ROWS", 96)
+    extremes = (BF16_PLANTS if storage == "bf16" else FP8_PLANTS)[-2:]
+    tokens, path = _planted_store(tmp_path, storage, 4, extremes)
+    manifest = validate_store(tokens, path, threads=2)
+    assert len(manifest["nonfinite"]) == PLANT_TAPS + 1
+    assert all(c == {"nan": 0, "inf": 0} for c in manifest["nonfinite"].values())

@@ -89,10 +89,12 @@ class HiddenStore:
             return array.nchunks - array.nchunks_initialized
         return self._direct[name].missing_chunks()
 
-    def stored_rows(self, name: str, lo: int, hi: int) -> np.ndarray:
+    def stored_rows(self, name: str, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows [lo, hi) of array `name` ("aux", "final", "scale") as stored: bf16 and fp8 values as
-        their bits (uint16, uint8), scales as float32. Safe to call from several threads at once."""
-        return self._rows[name](lo, hi)
+        their bits (uint16, uint8), scales as float32. Given `out` (C-contiguous [hi - lo, width] of
+        that dtype) they land there, whole chunks decoded straight into it. Safe to call from several
+        threads at once."""
+        return self._rows[name](lo, hi, out=out)
 
     @property
     def sample_dtype(self) -> torch.dtype:
