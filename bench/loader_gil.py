@@ -6,10 +6,11 @@ GIL for their Python work between reads and decodes. In the pipeline the compile
 where the bench's, with no loader beside it, takes 85 ms (bench/results/epochs16k-sweep-h100-smollm2-
 demo.json). This stands a fixed, dispatch-bound CPU "step" (`--ops` tiny in-place tensor ops, as many
 small kernel launches) in for the trainer's and times it alone, then taking one loader batch before
-each step with 1, 2, 4 readers (the pipeline's `train.loader_readers`), then alone again:
+each step with 1, 2, 4 readers (the pipeline's `train.loader_readers`) as threads and as worker
+processes (`train.loader_processes`), then alone again:
 
-    .venv/bin/python bench/loader_gil.py --out OUT.json [--readers 1 2 4] [--tokens 600000] \
-        [--store RUN/results/hidden/train/shard-00000.zarr \
+    .venv/bin/python bench/loader_gil.py --out OUT.json [--readers 1 2 4] [--kinds threads processes] \
+        [--tokens 600000] [--store RUN/results/hidden/train/shard-00000.zarr \
          --token-shard RUN/results/tokens/train/shard-00000.zarr]
 
 Without `--store` it writes a synthetic fp8 store of the recipe's shape and layout (16 chunks a shard).
@@ -62,20 +63,33 @@ def step_times(steps: int, ops: int, batches=None) -> dict:
     }
 
 
-def beside_loader(tok: str, hid: str, readers: int, budget: int, steps: int, ops: int) -> dict:
-    loader = PairedLoader([tok], [hid], budget, 0, {}, readers=readers)
+def beside_loader(
+    tok: str, hid: str, readers: int, processes: bool, budget: int, steps: int, ops: int
+) -> dict:
+    loader = PairedLoader([tok], [hid], budget, 0, {}, readers=readers, processes=processes)
     plan = loader.plan(0)
+    if processes:  # the workers' one-time start (a forkserver, imports, stores) is not the question
+        next(loader.batches(plan[:1]))
     batches = loader.batches([plan[i % len(plan)] for i in range(steps + readers + 2)])
     try:
-        return {"readers": readers, **step_times(steps, ops, batches)}
+        kind = "processes" if processes else "threads"
+        return {"readers": readers, "as": kind, **step_times(steps, ops, batches)}
     finally:
         batches.close()
+        loader.close()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--readers", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=["threads", "processes"],
+        default=["threads", "processes"],
+        help="readers as threads (the trainer's default) or worker processes (train.loader_processes)",
+    )
     ap.add_argument("--tokens", type=int, default=600_000, help="tokens of the synthetic store")
     ap.add_argument("--budget", type=int, default=16384, help="train.token_budget")
     ap.add_argument("--steps", type=int, default=40)
@@ -92,7 +106,11 @@ def main() -> None:
         else:
             tok, hid = write_pair(Path(tmp), "fp8_e4m3", args.tokens, chunks_per_shard=16)
         first = step_times(args.steps, args.ops)
-        cases = [beside_loader(tok, hid, r, args.budget, args.steps, args.ops) for r in args.readers]
+        cases = [
+            beside_loader(tok, hid, r, kind == "processes", args.budget, args.steps, args.ops)
+            for kind in args.kinds
+            for r in args.readers
+        ]
         last = step_times(args.steps, args.ops)
     alone = (first["mean_ms"] + last["mean_ms"]) / 2
     for case in cases:

@@ -74,6 +74,28 @@ def test_loader_pads_rows_to_a_multiple_with_zeros(data):
         PairedLoader(data["shards"], data["stores"], 64, 3, data["expected"], pad_multiple=0)
 
 
+def test_loader_reads_the_same_batches_in_worker_processes(data):
+    """Readers in processes (train.loader_processes) hand over the threads' batches, in plan order,
+    epoch after epoch from the same workers, and a pass left half-read does not leak into the next."""
+    threads = PairedLoader(data["shards"], data["stores"], 64, 3, data["expected"], readers=2)
+    procs = PairedLoader(data["shards"], data["stores"], 64, 3, data["expected"], readers=2, processes=True)
+    fields = ("aux", "final", "input_ids", "loss_mask", "valid", "lengths")
+    for epoch in (0, 1):
+        if epoch == 1:
+            next(iter(procs.epoch(1)))  # abandoned after one batch
+        plan = procs.plan(epoch)
+        got = list(procs.batches([None, *plan[:3], None, *plan[3:]]))
+        want = list(threads.batches([None, *plan[:3], None, *plan[3:]]))
+        assert len(got) == len(want) == len(plan) + 2 and got[0] is None and got[4] is None
+        for a, b in zip(got, want, strict=True):
+            if b is not None:
+                assert all(torch.equal(getattr(a, f), getattr(b, f)) for f in fields)
+    assert procs._workers is not None and len(list(procs.batches([]))) == 0
+    procs.close()
+    assert procs._workers is None and len(list(procs.batches(procs.plan(0)[:2]))) == 2  # started again
+    procs.close()
+
+
 def _fp8_copy(store_path: str, out) -> str:
     """The bf16 store at `store_path` re-stored as fp8 e4m3 (same attrs and samples)."""
     from eyas.store import HiddenStore, hidden_store_writer
@@ -251,6 +273,14 @@ def test_more_loader_readers_still_resume_the_same_run(data, tmp_path, monkeypat
     _killed_at_step_3(data, tmp_path, monkeypatch)
     stats = run(data, tmp_path, settings(max_steps=4, loader_readers=3, checkpoint_every=3))
     assert stats["resumed_from_step"] == 2 and stats["steps"] == 4
+
+
+def test_training_with_reader_processes_logs_the_same_steps(data, tmp_path):
+    """train.loader_processes reads the same batches: the same losses, bit for bit on CPU."""
+    run(data, tmp_path / "t", settings(max_steps=4, loader_readers=2))
+    run(data, tmp_path / "p", settings(max_steps=4, loader_readers=2, loader_processes=True))
+    logs = [(tmp_path / name / "log.csv").read_text() for name in ("t", "p")]
+    assert logs[0] == logs[1] and len(logs[0].splitlines()) == 5
 
 
 def test_loader_readers_asked_or_from_the_device_and_threads():

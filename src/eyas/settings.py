@@ -201,6 +201,14 @@ class TrainSettings:
     8 only 2.0x). The readers share the trainer's process, and its GIL, with the step's kernel
     launches: set it to compare (a sweep's reports carry the steps' `phase_seconds`). It does not
     change what is trained (batches come in plan order), so a checkpoint resumes across values."""
+    loader_processes: bool = False
+    """Read the stores in `loader_readers` worker processes instead of threads of the trainer's own
+    process. A reader thread's Python between reads and decodes holds the GIL the step's kernel
+    launches need: beside one reader thread a dispatch-bound step took 1.96x its time alone, beside
+    one reader process 1.12x (2-core CPU, bench/results/loader-gil-cpu.json). The workers start once
+    a run (a forkserver, each importing eyas and opening the stores: seconds) and the batches come
+    back through shared memory. Not yet measured inside the GPU trainer; what is trained is the same,
+    so a checkpoint resumes across values."""
     nproc: int = bounded(1, ge=1, le=1024)
     """Data-parallel processes (torchrun on this node; one GPU each on CUDA, gloo on CPU). The global
     batch of a step is nproc * grad_accum micro-batches of `token_budget` padded tokens."""

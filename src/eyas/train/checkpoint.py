@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("eyas.train")
 
 # Settings that do not change the maths: a checkpoint made under other values still resumes.
-NOT_FINGERPRINTED = ("progress", "checkpoint_every", "device", "loader_readers")
+NOT_FINGERPRINTED = ("progress", "checkpoint_every", "device", "loader_readers", "loader_processes")
 
 
 def checkpoint_dir(out_dir: str | os.PathLike) -> Path:

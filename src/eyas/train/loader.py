@@ -66,6 +66,8 @@ class Batch:
         fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
         return Batch(**{f: t if t is None else t.pin_memory() for f, t in fields.items()})
 
+    pin_memory = pin  # the name torch's DataLoader pins a batch by (`_ProcessReaders`)
+
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> Batch:
         """On `device`, hidden states in `dtype` (the compute dtype). The cast, and an fp8 batch's
         dequantization, run there, after the smaller copy: fp8 bits are a quarter of float32's bytes,
@@ -102,7 +104,9 @@ class PairedLoader:
     (0 = read in the caller's thread); readers: threads reading those batches. fraction: train on
     that share of the conversations (`conversation_kept`); `skipped_by_fraction` counts the others.
     pad_multiple: rows are padded to a multiple of it, so batch shapes repeat (on a GPU every new
-    shape costs host-side kernel set-up once: bench/train_shapes.py).
+    shape costs host-side kernel set-up once: bench/train_shapes.py). processes: the readers are
+    worker processes instead of threads (`_ProcessReaders`), so their Python holds no GIL the
+    caller's thread needs.
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class PairedLoader:
         readers: int = 4,
         fraction: float = 1.0,
         pad_multiple: int = 1,
+        processes: bool = False,
     ):
         if pad_multiple < 1:
             raise ValueError(f"pad_multiple={pad_multiple} must be >= 1")
@@ -133,6 +138,8 @@ class PairedLoader:
         self.readers = readers
         self.pad_multiple = pad_multiple
         self.pin_memory = pin_memory  # page-locked batches: the host-to-GPU copy can run async
+        self.processes = processes  # readers in worker processes (`_ProcessReaders`), else threads
+        self._workers: _ProcessReaders | None = None
         self.tokens = []  # per pair: (input_ids, loss_mask, offsets) numpy
         samples = []  # (pair, sample, length)
         self.store_attrs: list[dict] = []
@@ -177,9 +184,27 @@ class PairedLoader:
             for rows in plan:
                 yield self._read(rows, stores)
             return
+        if self.processes:
+            if self._workers is None:
+                self._workers = _ProcessReaders(self)
+            yield from self._workers.batches(plan)
+            return
         yield from _prefetched(self, plan, max(self.prefetch, self.readers), self.readers)
 
-    def _read(self, rows: np.ndarray | None, stores: dict[int, HiddenStore]) -> Batch | None:
+    def close(self) -> None:
+        """Stop the reader processes, if any (threads stop with each pass)."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
+
+    def __getstate__(self) -> dict:  # what a worker process is sent: never the workers themselves
+        return {**self.__dict__, "_workers": None}
+
+    def _read(
+        self, rows: np.ndarray | None, stores: dict[int, HiddenStore], pin: bool | None = None
+    ) -> Batch | None:
+        """The batch of `rows` (None: an empty micro-batch), read through `stores` (this thread's);
+        pinned if `pin` (default: the loader's `pin_memory`)."""
         if rows is None:
             return None
         picks = self.samples[rows]
@@ -192,7 +217,7 @@ class PairedLoader:
         storages = {st.storage for st in used}
         fp8 = storages == {"fp8_e4m3"}
         dtype = torch.uint8 if fp8 else torch.bfloat16 if storages == {"bf16"} else torch.float32
-        pin = self.pin_memory
+        pin = self.pin_memory if pin is None else pin
         ids = torch.zeros(b, t_max, dtype=torch.int64, pin_memory=pin)
         mask = torch.zeros(b, t_max, dtype=torch.int64, pin_memory=pin)
         aux = torch.empty(b, t_max, used[0].aux.shape[1], dtype=dtype, pin_memory=pin)  # [B, T, K*H]
@@ -298,3 +323,62 @@ def _prefetched(
         for future in pending:
             future.cancel()
         pool.shutdown(wait=True)
+
+
+class _PlanSampler(torch.utils.data.Sampler):
+    """The batches (rows of samples, or None) of the plan being read, in order: set before each pass."""
+
+    def __init__(self) -> None:
+        self.plan: list[np.ndarray | None] = []
+
+    def __iter__(self):
+        return iter(self.plan)
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+
+class _PlannedBatches(torch.utils.data.Dataset):
+    """A batch read by its rows, in a worker process that opens the stores once."""
+
+    def __init__(self, loader: PairedLoader):
+        self.loader = loader
+        self.stores: dict[int, HiddenStore] = {}
+
+    def __getitem__(self, rows: np.ndarray | None) -> Batch | None:
+        return self.loader._read(rows, self.stores, pin=False)  # pinned by the DataLoader, here
+
+
+class _ProcessReaders:
+    """`readers` worker processes reading batches ahead (torch's DataLoader: each batch comes back
+    through shared memory and is pinned in the caller's process), kept for the whole run.
+
+    Why processes: reader threads share the trainer's GIL, and their Python between reads and
+    decodes held back a dispatch-bound thread beside them 1.9x with one reader
+    (bench/results/loader-gil-cpu.json). `forkserver`: the trainer's process has CUDA and compile
+    threads that a fork would copy mid-state; a worker starts once and opens its own stores.
+    """
+
+    def __init__(self, loader: PairedLoader):
+        self.sampler = _PlanSampler()
+        self.data = torch.utils.data.DataLoader(
+            _PlannedBatches(loader),
+            batch_size=None,  # each item is a whole batch already
+            sampler=self.sampler,
+            num_workers=loader.readers,
+            prefetch_factor=max(1, -(-max(loader.prefetch, loader.readers) // loader.readers)),
+            persistent_workers=True,
+            pin_memory=loader.pin_memory,
+            multiprocessing_context="forkserver",
+        )
+
+    def batches(self, plan: list[np.ndarray | None]) -> Iterator[Batch | None]:
+        self.sampler.plan = list(plan)
+        if plan:
+            yield from self.data
+
+    def close(self) -> None:
+        # persistent workers stop with their iterator (torch's DataLoader keeps it in `_iterator`)
+        iterator, self.data._iterator = getattr(self.data, "_iterator", None), None
+        if iterator is not None:
+            iterator._shutdown_workers()

@@ -112,6 +112,7 @@ def make_loader(
         expected_provenance,
         pin_memory=device.type == "cuda",
         readers=loader_readers(device, threads, settings.loader_readers),
+        processes=settings.loader_processes,
         fraction=settings.data_fraction,
         pad_multiple=pad_multiple_for(device),
     )
@@ -204,6 +205,7 @@ def train(
         s.stop.__exit__()
         bar.close()
         s.train_log.close()
+        s.loader.close()
 
     stats = run_stats(s.run, resumed_from, s.world.size, settings.grad_accum, metrics)
     stats.update(samples=len(s.loader.samples), samples_skipped_by_fraction=s.loader.skipped_by_fraction)
