@@ -3,8 +3,10 @@
 Token shards are small (5 bytes/token) and are read whole to plan batches; hidden states are read lazily,
 sample by sample, by a few reader threads, each with its own open zarr stores (opened inside the reader,
 never shared across a fork); Blosc decoding releases the GIL, so the readers decode in parallel and batches
-still come out in plan order. Hidden states stay as stored (bf16: half the bytes to pin and copy; fp8: the
-e4m3 bits and their scales, a quarter) and take the compute dtype on the device (`Batch.to`). Batches are
+still come out in plan order (or by worker processes, `train.loader_processes`: the readers' Python then
+takes no GIL from the trainer's thread). Hidden states stay as stored (bf16: half the bytes to pin and
+copy; fp8: the e4m3 bits and their scales, a quarter) and take the compute dtype on the device
+(`Batch.to`). Batches are
 right-padded rows of single samples, so the drafter needs no attention mask. The plan of an epoch depends
 only on (seed, epoch): a resumed run skips batches without reading them.
 """
