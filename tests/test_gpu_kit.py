@@ -272,6 +272,20 @@ def test_run_script_dry_sweep_plans_the_variants(tmp_path):
     assert _bash("run_recipe.sh", "--dry", "sweep", run).returncode == 2  # no variant
 
 
+def test_bench_loader_runs_the_gil_bench_on_the_runs_own_train_store(tmp_path):
+    run = tmp_path / "run"
+    out = _bash(
+        "run_recipe.sh", "--dry", "bench-loader", run, "--readers", "4", env={"EYAS_CODE": str(tmp_path)}
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"{tmp_path}/bench/loader_gil.py --store {run}/results/hidden/train/shard-00000.zarr" in out.stdout
+    assert (
+        f"--token-shard {run}/results/tokens/train/shard-00000.zarr" in out.stdout
+        and "--readers 4" in out.stdout
+    )
+    assert _bash("run_recipe.sh", "--dry", "bench-loader").returncode == 2  # no run folder
+
+
 def test_bench_attention_runs_the_tree_attention_bench_on_the_gpu(tmp_path):
     out = _bash(
         "run_recipe.sh", "--dry", "bench-attention", "--lengths", "1024", env={"EYAS_CODE": str(tmp_path)}

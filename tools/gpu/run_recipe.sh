@@ -26,6 +26,8 @@
 #   bash tools/gpu/run_recipe.sh bench-start RUN [ARGS...]        bench/gpu/engine_start.py --out $OUT/start
 #   bash tools/gpu/run_recipe.sh bench-train [ARGS...]     bench/train_profile.py (a trainer step's launches
 #                                                       against device time) into $OUT/train-profile.json
+#   bash tools/gpu/run_recipe.sh bench-loader RUN [ARGS...] bench/loader_gil.py on RUN's train store: a dispatch-
+#                                                       bound step beside reader threads / processes, $OUT/loader-gil.json
 #   bash tools/gpu/run_recipe.sh bench-attention [ARGS...] bench/tree_attention.py (train.tree_attention: masked
 #                                                       against lse) into $OUT/tree-attention.json
 #   bash tools/gpu/run_recipe.sh disk [DIR] [MIB]      the disk's write and read MB/s (direct I/O) and cached read,
@@ -47,7 +49,7 @@ CODE=${EYAS_CODE:-/root/eyas}
 CONFIG_FILE=${EYAS_RECIPE_CONFIG:-config/gpu-smollm2.yaml}
 DRY=0
 if [[ ${1:-} == --dry ]]; then DRY=1; shift; fi
-usage() { sed -n '2,39p' "$0" >&2; exit 2; }
+usage() { sed -n '2,41p' "$0" >&2; exit 2; }
 (($# >= 1)) || usage
 step=$1; shift
 export PYTHONPATH="$CODE/src:$KIT/site:$KIT/tools" EYAS_CACHE="$KIT/cache" PYTHONUNBUFFERED=1
@@ -315,6 +317,14 @@ case $step in
   bench-train)
     copy_code
     say python3 "$CODE/bench/train_profile.py" --device cuda --out "$OUT/train-profile.json" "$@"
+    ;;
+  bench-loader)
+    # the loader's readers beside a dispatch-bound step, on RUN's own train store and this host's cores:
+    # threads against worker processes (train.loader_processes); run it when nothing else trains
+    need_run "${1:-}"; run=$1; shift; copy_code
+    say mkdir -p "$OUT"
+    say python3 "$CODE/bench/loader_gil.py" --store "$run/results/hidden/train/shard-00000.zarr" \
+      --token-shard "$run/results/tokens/train/shard-00000.zarr" --out "$OUT/loader-gil.json" "$@"
     ;;
   bench-attention)
     copy_code
