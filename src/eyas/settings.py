@@ -204,8 +204,8 @@ class TrainSettings:
     loader_processes: bool = False
     """Read the stores in `loader_readers` worker processes instead of threads of the trainer's own
     process. A reader thread's Python between reads and decodes holds the GIL the step's kernel
-    launches need: beside one reader thread a dispatch-bound step took 1.96x its time alone, beside
-    one reader process 1.12x (2-core CPU, bench/results/loader-gil-cpu.json). The workers start once
+    launches need: beside one reader thread a dispatch-bound step took 1.89x its time alone, beside
+    one reader process 1.30x (2-core CPU, bench/results/loader-gil-cpu.json). The workers start once
     a run (a forkserver, each importing eyas and opening the stores: seconds) and the batches come
     back through shared memory. Not yet measured inside the GPU trainer; what is trained is the same,
     so a checkpoint resumes across values."""
