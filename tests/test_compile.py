@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 
 import numpy as np
 import torch
@@ -82,3 +83,39 @@ def test_compiled_training_run_follows_the_eager_loss_curve(data, tmp_path):
     assert len(curves[0]) == 8
     np.testing.assert_allclose(curves[1], curves[0], rtol=1e-4)
     Eagle3Drafter.from_pretrained(tmp_path / "compiled" / "drafter")
+
+
+def test_new_batch_shapes_reuse_the_compiled_graphs(monkeypatch):
+    """Dynamic shapes: once the compiled drafter has seen a one-row and a many-row batch (sizes 0 and 1
+    specialise), batches of other rows and lengths compile nothing new. The pipeline's batches change
+    shape every step; a function past dynamo's recompile limit would run eager from then on. Dynamo's
+    guards decide this whatever the backend, so the test compiles with the `eager` backend (fast)."""
+    from torch._dynamo.utils import counters
+
+    from eyas.model import compiled
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    compiled.compiled.cache_clear()  # the loss blocks' wrappers, made again under the eager backend
+    try:
+        config = tiny_drafter_config()
+        torch.manual_seed(0)
+        drafter = Eagle3Drafter(config)
+        drafter.attention_impl = "lse"
+        drafter.compile_steps()
+        head = torch.randn(config.vocab_size, config.hidden_size)
+
+        def graphs_after(shapes: list[tuple[int, int]], seed: int) -> int:
+            for i, (rows, length) in enumerate(shapes):
+                step_of(
+                    drafter,
+                    batch_of(rows, length, config.hidden_size, config.vocab_size, seed + i),
+                    head,
+                    True,
+                )
+            return counters["stats"]["unique_graphs"]
+
+        first = graphs_after([(1, 9), (3, 7), (2, 13)], 0)
+        later = graphs_after([(4, 5), (1, 17), (5, 11), (2, 6), (1, 8), (3, 15), (6, 4)], 10)
+        assert first > 0 and later == first
+    finally:
+        compiled.compiled.cache_clear()  # later tests compile with the real backend again
