@@ -1,7 +1,7 @@
 """The training loader's feed rate by store storage: bf16 against fp8 e4m3 stores of the GPU recipe's shape.
 
     .venv/bin/python bench/loader_storage.py --out OUT.json [--tokens 600000] [--readers 1 2] [--pin] \
-        [--chunks-per-shard 1 16]
+        [--chunks-per-shard 1 16] [--compression zstd none]
 
 Writes one store of each storage (SmolLM2's hidden 576, 3 taps and the final state, chat-like sample
 lengths, random states at realistic magnitudes) in a temporary folder, then reads an epoch of 16,384-token
@@ -10,12 +10,14 @@ the page cache; both are reported). What a batch holds is the loader's business 
 over their bits and scales, dequantized on the device, `Batch.to`); to compare that against the host's
 dequantization, run it with each commit's `src` on PYTHONPATH on one machine, one after the other (its
 JSON names the eyas it imported and that checkout's commit). `--chunks-per-shard` writes each store
-once per value (`extract.chunks_per_shard`: 1 is one file a chunk; more, zarr v3 shards).
+once per value (`extract.chunks_per_shard`: 1 is one file a chunk; more, zarr v3 shards), and
+`--compression` once per `extract.compression` (`none`: Blosc's uncompressed frames).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -38,7 +40,7 @@ HIDDEN, TAPS = 576, 3  # SmolLM2-135M: hidden 576, EAGLE-3's 3 taps
 
 
 def write_pair(
-    root: Path, storage: str, tokens: int, seed: int = 0, chunks_per_shard: int = 1
+    root: Path, storage: str, tokens: int, seed: int = 0, chunks_per_shard: int = 1, compression: str = "zstd"
 ) -> tuple[str, str]:
     """A token shard and a hidden store of `storage` holding ~`tokens` tokens."""
     rng = np.random.default_rng(seed)
@@ -46,13 +48,20 @@ def write_pair(
     while sum(lengths) < tokens:  # chat-like: mean ~330, a long tail
         lengths.append(int(np.clip(rng.lognormal(5.5, 0.8), 16, 2048)))
     tok, hid = (
-        root / f"tok-{storage}-{chunks_per_shard}.zarr",
-        root / f"hid-{storage}-{chunks_per_shard}.zarr",
+        root / f"tok-{storage}-{chunks_per_shard}-{compression}.zarr",
+        root / f"hid-{storage}-{chunks_per_shard}-{compression}.zarr",
     )
     shard, attrs = bench_token_shard(tok, lengths, 49152, rng, [1, 14, 26])
     gen = torch.Generator().manual_seed(seed)
     with hidden_store_writer(
-        hid, shard.sample_offsets, HIDDEN, TAPS, attrs, storage=storage, chunks_per_shard=chunks_per_shard
+        hid,
+        shard.sample_offsets,
+        HIDDEN,
+        TAPS,
+        attrs,
+        storage=storage,
+        chunks_per_shard=chunks_per_shard,
+        compression=compression,
     ) as writer:
         for s, n in enumerate(lengths):
             states = torch.randn(n, TAPS + 1, HIDDEN, generator=gen) * 2.0  # [T, K+1, H]
@@ -91,6 +100,7 @@ def main() -> None:
     ap.add_argument("--pin", action="store_true", help="pinned batches, as the trainer asks on a GPU")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--chunks-per-shard", type=int, nargs="+", default=[1], help="store layouts to read")
+    ap.add_argument("--compression", nargs="+", default=["zstd"], choices=["zstd", "none"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import eyas
@@ -102,11 +112,18 @@ def main() -> None:
     cases = []
     with tempfile.TemporaryDirectory(prefix="eyas-loader-") as tmp:
         for storage in ("bf16", "fp8_e4m3"):
-            for per_shard in args.chunks_per_shard:
-                tok, hid = write_pair(Path(tmp), storage, args.tokens, chunks_per_shard=per_shard)
+            for per_shard, compression in itertools.product(args.chunks_per_shard, args.compression):
+                tok, hid = write_pair(Path(tmp), storage, args.tokens, 0, per_shard, compression)
                 for readers in args.readers:
                     rate = feed_rate(tok, hid, readers, args.pin, args.budget)
-                    cases.append({"storage": storage, "chunks_per_shard": per_shard, **rate})
+                    cases.append(
+                        {
+                            "storage": storage,
+                            "chunks_per_shard": per_shard,
+                            "compression": compression,
+                            **rate,
+                        }
+                    )
                     print(json.dumps(cases[-1]), flush=True)
     result = {
         "command": shlex.join([sys.executable, *sys.argv]),

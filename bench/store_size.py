@@ -24,7 +24,9 @@ def measure(store: Path) -> dict:
         attrs = dict(zarr.open_group(store, mode="r").attrs)
     tokens, hidden, groups = attrs["num_tokens"], attrs["hidden_size"], attrs["num_taps"] + 1
     stored = stored_bytes(store)
-    estimate = estimated_store_bytes(tokens, hidden, groups, attrs["storage"])
+    estimate = estimated_store_bytes(
+        tokens, hidden, groups, attrs["storage"], attrs.get("compression", "zstd")
+    )
     return {
         "store": str(store),
         "storage": attrs["storage"],

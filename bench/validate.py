@@ -11,8 +11,9 @@ definition the format names: eyas.manifest/1 hashed one stream per array, /2 a h
     python bench/validate.py --tokens 400000 --threads 1 2 --out bench/results/validate-cpu.json \
         --compare-src /path/to/older/checkout/src   # also times that tree's validate_store, same inputs
 
-`--chunks-per-shard 16` shards the synthetic stores as the GPU recipe does (one file per 16 chunks);
-`--work DIR` keeps them, for `--store` runs after.
+`--chunks-per-shard 16` shards the synthetic stores as the GPU recipe does (one file per 16 chunks),
+`--compression none` stores them uncompressed (`extract.compression`); `--work DIR` keeps them, for
+`--store` runs after.
 
 A run's own store instead of synthetic ones (`--store` with its `--token-shard`): `validate_store` at
 each `--threads` value, then its two parts alone, to tell which one bounds it on that machine: the
@@ -54,10 +55,10 @@ SAMPLE_TOKENS = 1024
 
 
 def write_inputs(
-    root: Path, tokens: int, hidden: int, taps: int, chunks_per_shard: int = 1
+    root: Path, tokens: int, hidden: int, taps: int, chunks_per_shard: int = 1, compression: str = "zstd"
 ) -> tuple[Path, dict[str, Path]]:
     """A token shard of `tokens` tokens and a bf16 and an fp8 store of the same states, each
-    `chunks_per_shard` chunks a file (the GPU recipe shards 16)."""
+    `chunks_per_shard` chunks a file (the GPU recipe shards 16), chunks stored by `compression`."""
     rng = np.random.default_rng(0)
     lengths = [SAMPLE_TOKENS] * (tokens // SAMPLE_TOKENS) + (
         [tokens % SAMPLE_TOKENS] if tokens % SAMPLE_TOKENS else []
@@ -75,7 +76,7 @@ def write_inputs(
     stores = {}
     for storage in ("bf16", "fp8_e4m3"):
         stores[storage] = root / f"{storage}.zarr"
-        layout = {"storage": storage, "chunks_per_shard": chunks_per_shard}
+        layout = {"storage": storage, "chunks_per_shard": chunks_per_shard, "compression": compression}
         with hidden_store_writer(stores[storage], shard.sample_offsets, hidden, taps, attrs, **layout) as w:
             for index, n in enumerate(lengths):
                 states = torch.randn(n, taps + 1, hidden, generator=generator)  # [T, K+1, H]
@@ -222,6 +223,12 @@ def main() -> None:
     parser.add_argument(
         "--chunks-per-shard", type=int, default=1, help="synthetic stores sharded so (the GPU recipe: 16)"
     )
+    parser.add_argument(
+        "--compression",
+        default="zstd",
+        choices=["zstd", "none"],
+        help="synthetic stores' extract.compression",
+    )
     parser.add_argument("--compare-src", help="another checkout's src/: its validate_store timed first")
     parser.add_argument(
         "--compare-name", help="what --compare-src is called in the runs (default: its git commit)"
@@ -244,7 +251,9 @@ def main() -> None:
     root = Path(args.work or tempfile.mkdtemp(prefix="eyas-validate-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     try:
-        shard, stores = write_inputs(root, args.tokens, args.hidden, args.taps, args.chunks_per_shard)
+        shard, stores = write_inputs(
+            root, args.tokens, args.hidden, args.taps, args.chunks_per_shard, args.compression
+        )
         runs, this_commit = [], commit_of(Path(__file__).parent)
         for storage, store in stores.items():
             manifests: dict[str, list[dict]] = {}  # by tree
@@ -281,7 +290,7 @@ def main() -> None:
         "what": "validate_store on synthetic normal states, same tokens in both storages; a tree's manifests "
         "equal at every thread count; across trees equal but for the format and the arrays' sha256",
         "tokens": args.tokens, "hidden_size": args.hidden, "taps": args.taps,
-        "chunks_per_shard": args.chunks_per_shard,
+        "chunks_per_shard": args.chunks_per_shard, "compression": args.compression,
         "machine": machine(),
         "runs": runs,
     })  # fmt: skip

@@ -129,6 +129,12 @@ class ExtractSettings:
     file with an index, so reads keep the chunk's size while the files are that many times fewer.
     Each chunk file cost the SGLang capture at 135M more than its bytes: 4,096-token chunks captured
     at 1.54x the speed of 256-token ones (H100, bench/results/extraction-chunks-h100-smollm2.json)."""
+    compression: Literal["zstd", "none"] = "zstd"
+    """How chunks are stored: `zstd` (Blosc zstd level 1; fp8 bits bit-shuffled, bf16 byte-shuffled)
+    or `none` (Blosc's uncompressed frames). Real fp8 states compress only 1.12x, and every reader
+    pays for it: a 256-token fp8 chunk decodes in 300 us with zstd against 16 us without, and encodes
+    in 469 against 14 us (one CPU thread, bench/results/chunk-codec-cpu.json); bf16 compresses 1.42x.
+    Readers take either (the store's `compression` attribute says which)."""
     writer_threads: int | None = bounded(None, ge=1, le=1024)
     """Threads that compress and write chunks; null = the job's threads - 1."""
 

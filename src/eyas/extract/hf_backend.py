@@ -87,6 +87,7 @@ def run_extraction(
     storage: str = "bf16",
     chunk_tokens: int = CHUNK_TOKENS,
     chunks_per_shard: int = 1,
+    compression: str = "zstd",
     writer_threads: int = 1,
     progress: bool = False,
     label: str = "extract",
@@ -109,6 +110,7 @@ def run_extraction(
         chunk_tokens,
         storage,
         chunks_per_shard,
+        compression,
     ) as store:
         pool, copy_stream = staging_resources(device)
         writer = BatchWriter(store, pool, writer_threads)
@@ -175,6 +177,7 @@ def extract_shard(
     storage: str = "bf16",
     chunk_tokens: int = CHUNK_TOKENS,
     chunks_per_shard: int = 1,
+    compression: str = "zstd",
     writer_threads: int | None = None,
     progress: bool = True,
     threads: int | None = None,
@@ -205,7 +208,8 @@ def extract_shard(
 
     timing = run_extraction(
         model, shard, plan, out_store, layer_ids=layer_ids, hidden=hidden, attrs=attrs, storage=storage,
-        chunk_tokens=chunk_tokens, chunks_per_shard=chunks_per_shard, writer_threads=writer_threads,
+        chunk_tokens=chunk_tokens, chunks_per_shard=chunks_per_shard, compression=compression,
+        writer_threads=writer_threads,
         progress=progress, label=Path(token_shard).name,
     )  # fmt: skip
     stats = extraction_stats(plan, out_store, shard.num_samples, len(layer_ids), hidden, timing["seconds"])

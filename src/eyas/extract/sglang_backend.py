@@ -126,6 +126,7 @@ def _capture_spec(
     storage: str,
     chunk_tokens: int,
     chunks_per_shard: int,
+    compression: str,
     writer_threads: int,
 ) -> CaptureSpec:
     """What the scheduler process needs to write the store of `shard`: the store's provenance attrs,
@@ -163,6 +164,7 @@ def _capture_spec(
         storage=storage,
         chunk_tokens=chunk_tokens,
         chunks_per_shard=chunks_per_shard,
+        compression=compression,
         writer_threads=writer_threads,
         rid_prefix=f"eyas-{uuid.uuid4().hex[:12]}-",
         route=route,
@@ -177,7 +179,7 @@ def _empty_store(shard, lengths, out_store: str, spec: CaptureSpec, layer_ids: l
     plan = plan_shard(lengths.tolist(), 1, (len(layer_ids) + 1) * hidden * 2)
     run_extraction(
         None, shard, plan, out_store, layer_ids=layer_ids, hidden=hidden, attrs=spec.attrs, storage=storage,
-        chunk_tokens=spec.chunk_tokens, chunks_per_shard=spec.chunks_per_shard,
+        chunk_tokens=spec.chunk_tokens, chunks_per_shard=spec.chunks_per_shard, compression=spec.compression,
     )  # fmt: skip
     return {"samples": shard.num_samples, "tokens": 0, "backend": "sglang"}
 
@@ -236,6 +238,7 @@ def extract_shard_sglang(
     storage: str = "bf16",
     chunk_tokens: int = CHUNK_TOKENS,
     chunks_per_shard: int = 1,
+    compression: str = "zstd",
     writer_threads: int | None = None,
     threads: int | None = None,
 ) -> dict:
@@ -265,6 +268,7 @@ def extract_shard_sglang(
         storage=storage,
         chunk_tokens=chunk_tokens,
         chunks_per_shard=chunks_per_shard,
+        compression=compression,
         writer_threads=writer_threads if writer_threads is not None else default_writer_threads(threads),
     )
     todo = np.flatnonzero(lengths > 0).tolist()

@@ -65,6 +65,7 @@ class CaptureSpec:
     rid_prefix: str
     route: str
     chunks_per_shard: int = 1
+    compression: str = "zstd"
 
 
 class RowSink:
@@ -88,6 +89,7 @@ class RowSink:
                 spec.chunk_tokens,
                 spec.storage,
                 spec.chunks_per_shard,
+                spec.compression,
             )
         )
         self.pool, self.copy_stream = staging_resources(device)

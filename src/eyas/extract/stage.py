@@ -20,12 +20,14 @@ def check_store_fits(
     model_dir: str | os.PathLike,
     taps: int,
     storage: str,
+    compression: str = "zstd",
 ) -> None:
     """Refuse, before the target loads, a store larger than the free space where it is written."""
     tokens = int(read_token_shard(shard).sample_offsets[-1])
     hidden = int(text_config(read_config(model_dir))["hidden_size"])
-    need = estimated_store_bytes(tokens, hidden, taps + 1, storage)
-    what = f"extract: the {storage} hidden store of {tokens:,} tokens ({taps} taps + final, hidden {hidden})"
+    need = estimated_store_bytes(tokens, hidden, taps + 1, storage, compression)
+    kind = storage if compression == "zstd" else f"{storage} uncompressed"
+    what = f"extract: the {kind} hidden store of {tokens:,} tokens ({taps} taps + final, hidden {hidden})"
     check_fits(out_store, need, what)
 
 
@@ -46,13 +48,14 @@ def run_extract(
     `model.aux_layer_ids` (None: the default taps of the target's layer count). A store that will not
     fit on its disk is refused first (`DiskSpaceError`)."""
     layer_ids = resolve_aux_layer_ids(read_config(model_dir), aux_layer_ids)
-    check_store_fits(shard, out_store, model_dir, len(layer_ids), settings.storage)
+    check_store_fits(shard, out_store, model_dir, len(layer_ids), settings.storage, settings.compression)
     common = dict(
         layer_ids=layer_ids,
         dtype=settings.dtype,
         storage=settings.storage,
         chunk_tokens=settings.chunk_tokens,
         chunks_per_shard=settings.chunks_per_shard,
+        compression=settings.compression,
         writer_threads=settings.writer_threads,
         model_id=model_id,
         trust_remote_code=trust_remote_code,

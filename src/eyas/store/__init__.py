@@ -4,6 +4,7 @@
 from eyas.store.layout import (
     CHUNK_TOKENS,
     CODEC_NAMES,
+    COMPRESSIONS,
     COPIED_SHARD_ATTRS,
     HIDDEN_FORMAT,
     REQUIRED_ATTRS,
@@ -27,6 +28,7 @@ from eyas.store.writer import HiddenStoreWriter, hidden_store_writer, write_toke
 __all__ = [
     "CHUNK_TOKENS",
     "CODEC_NAMES",
+    "COMPRESSIONS",
     "COPIED_SHARD_ATTRS",
     "HIDDEN_FORMAT",
     "REQUIRED_ATTRS",

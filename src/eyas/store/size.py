@@ -8,6 +8,8 @@ each raw (bf16). Its Blosc zstd+shuffle chunks keep a measured fraction of that 
   byte-codec bound of such states is ~1.43-1.45x, so bf16 states do not compress much below this.
 - fp8_e4m3 with its per-token scales: 0.4631 on an H200 (extract-h200-smollm2.json), 0.4496 on the CPU.
 The estimate takes the larger of each and a 10% margin for targets whose states compress less.
+Uncompressed stores (`extract.compression: none`) hold the raw bytes: 2 a value in bf16, 1 a value
+and a 4-byte scale a vector in fp8; the same margin covers the padded last chunk and Blosc's headers.
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ STORED_FRACTION_OF_BF16 = {"bf16": 0.7024, "fp8_e4m3": 0.4631}
 MARGIN = 1.10
 
 
-def estimated_store_bytes(tokens: int, hidden: int, groups: int, storage: str) -> int:
+def estimated_store_bytes(
+    tokens: int, hidden: int, groups: int, storage: str, compression: str = "zstd"
+) -> int:
     """Bytes a hidden store of `tokens` tokens is expected to take (see the module docstring)."""
     raw_bf16 = tokens * groups * hidden * 2
+    if compression == "none":
+        raw = raw_bf16 if storage == "bf16" else tokens * groups * (hidden + 4)
+        return int(raw * MARGIN)
     return int(raw_bf16 * STORED_FRACTION_OF_BF16[storage] * MARGIN)

@@ -15,12 +15,12 @@ import zarr
 from eyas.core.atomic import atomic_dir
 from eyas.store.layout import (
     CHUNK_TOKENS,
-    CODEC_NAMES,
     HIDDEN_FORMAT,
     SHARD_EMPTY,
     STORED_DTYPES,
     TOKENS_FORMAT,
     chunk_encoder,
+    codec_name,
     hidden_codec,
     hidden_layout,
 )
@@ -94,6 +94,7 @@ class HiddenStoreWriter:
         chunk_tokens: int = CHUNK_TOKENS,
         storage: str = "bf16",
         chunks_per_shard: int = 1,
+        compression: str = "zstd",
     ):
         if chunk_tokens < 1 or chunks_per_shard < 1:
             raise ValueError(
@@ -116,12 +117,12 @@ class HiddenStoreWriter:
                 dtype=dtype,
                 chunks=(chunk_tokens, width),
                 shards=(chunk_tokens * chunks_per_shard, width) if chunks_per_shard > 1 else None,
-                compressors=[hidden_codec(encodings[name])],
+                compressors=[hidden_codec(encodings[name], compression)],
                 fill_value=0,
             )
             for name, (width, dtype) in layout.items()
         }
-        self.encoders = {name: chunk_encoder(encoding) for name, encoding in encodings.items()}
+        self.encoders = {name: chunk_encoder(enc, compression) for name, enc in encodings.items()}
         self.submit: Callable[..., None] = lambda fn, *args: fn(*args)
         offsets = self.group.create_array(
             "sample_offsets", shape=self.offsets.shape, dtype=np.int64, chunks=self.offsets.shape
@@ -136,7 +137,8 @@ class HiddenStoreWriter:
             "hidden_size": hidden_size,
             "dtype": STORED_DTYPES[storage],
             "storage": storage,
-            "codec": CODEC_NAMES[storage],
+            "codec": codec_name(storage, compression),
+            "compression": compression,
             "chunk_tokens": chunk_tokens,
             "chunks_per_shard": chunks_per_shard,
             **({"scale_rule": SCALE_RULE} if storage == "fp8_e4m3" else {}),
@@ -284,12 +286,15 @@ def hidden_store_writer(
     chunk_tokens: int = CHUNK_TOKENS,
     storage: str = "bf16",
     chunks_per_shard: int = 1,
+    compression: str = "zstd",
 ) -> Iterator[HiddenStoreWriter]:
     """Context manager: the store appears at `path` only if the block completes and every sample
-    was written. `chunks_per_shard` > 1 writes that many chunks to one file (zarr v3 sharding)."""
+    was written. `chunks_per_shard` > 1 writes that many chunks to one file (zarr v3 sharding);
+    `compression` `none` writes Blosc's uncompressed frames (`eyas.store.layout.blosc_settings`)."""
     with atomic_dir(path) as tmp:
         writer = HiddenStoreWriter(
-            tmp, sample_offsets, hidden_size, num_taps, attrs, chunk_tokens, storage, chunks_per_shard
-        )
+            tmp, sample_offsets, hidden_size, num_taps, attrs, chunk_tokens, storage, chunks_per_shard,
+            compression,
+        )  # fmt: skip
         yield writer
         writer.finish()
