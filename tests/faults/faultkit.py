@@ -3,6 +3,23 @@
 from __future__ import annotations
 
 LAYER_IDS = [0, 1, 2]
+
+
+def random_store_rows(storage: str, tokens: int, taps: int, hidden: int):
+    """aux [T, K*H], final [T, H] as stored (bits) and scale [T, K+1] (fp8) or None, of random states
+    spread over four decades across the hidden dimension."""
+    import torch
+
+    from eyas.store import bf16_to_uint16
+    from eyas.store.quant import fp8_quantize
+
+    states = torch.randn(tokens, taps + 1, hidden) * torch.logspace(-2, 2, hidden)
+    if storage == "bf16":
+        return bf16_to_uint16(states[:, :taps].reshape(tokens, -1)), bf16_to_uint16(states[:, taps]), None
+    bits, scales = fp8_quantize(states)
+    return bits[:, :taps].reshape(tokens, -1).numpy(), bits[:, taps].numpy(), scales.numpy()
+
+
 EXTRACT_KW = {"layer_ids": LAYER_IDS, "model_id": "tiny", "progress": False, "token_budget": 96, "threads": 1}
 CONVERSATIONS = [
     ("Hi", "Hello! How can I help you today?"),

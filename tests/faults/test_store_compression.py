@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 import zarr
-from faultkit import EXTRACT_KW
+from faultkit import EXTRACT_KW, random_store_rows
 
-from eyas.store import HiddenStore, bf16_to_uint16, hidden_store_writer
+from eyas.store import HiddenStore, hidden_store_writer
 from eyas.store.chunk_rows import direct_readable
 from eyas.store.layout import blosc_settings, codec_name
 from eyas.store.size import estimated_store_bytes
@@ -19,17 +18,7 @@ LENGTHS, HIDDEN, TAPS, CHUNK = (40, 0, 3, 100, 17), 32, 3, 24  # 160 tokens: 7 c
 
 
 def _rows(storage: str):
-    from eyas.store.quant import fp8_quantize
-
-    states = torch.randn(sum(LENGTHS), TAPS + 1, HIDDEN, generator=torch.Generator().manual_seed(0))
-    if storage == "bf16":
-        return (
-            bf16_to_uint16(states[:, :TAPS].reshape(len(states), -1)),
-            bf16_to_uint16(states[:, TAPS]),
-            None,
-        )
-    bits, scales = fp8_quantize(states)
-    return bits[:, :TAPS].reshape(len(states), -1).numpy(), bits[:, TAPS].numpy(), scales.numpy()
+    return random_store_rows(storage, sum(LENGTHS), TAPS, HIDDEN)
 
 
 def _write(path, storage: str, compression: str, chunks_per_shard: int, rows) -> None:

@@ -9,27 +9,16 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from faultkit import EXTRACT_KW
+from faultkit import EXTRACT_KW, random_store_rows
 
-from eyas.store import HiddenStore, bf16_to_uint16, hidden_store_writer
+from eyas.store import HiddenStore, hidden_store_writer
 from eyas.store.chunk_rows import direct_readable
 
 LENGTHS, HIDDEN, TAPS, CHUNK = (40, 0, 3, 100, 17), 8, 3, 24  # 160 tokens: 7 chunks, an edge chunk
 
 
 def _rows(storage: str):
-    """aux [T, K*H], final [T, H] (bits) and scale [T, K+1] (fp8) or None, of random states."""
-    from eyas.store.quant import fp8_quantize
-
-    states = torch.randn(sum(LENGTHS), TAPS + 1, HIDDEN) * torch.logspace(-2, 2, HIDDEN)
-    if storage == "bf16":
-        return (
-            bf16_to_uint16(states[:, :TAPS].reshape(len(states), -1)),
-            bf16_to_uint16(states[:, TAPS]),
-            None,
-        )
-    bits, scales = fp8_quantize(states)
-    return bits[:, :TAPS].reshape(len(states), -1).numpy(), bits[:, TAPS].numpy(), scales.numpy()
+    return random_store_rows(storage, sum(LENGTHS), TAPS, HIDDEN)
 
 
 def _write(path, storage: str, chunks_per_shard: int, rows) -> None:
