@@ -150,7 +150,7 @@ class _BlockScan:
         self.store, self.num_taps, self.hidden = store, num_taps, hidden
         fp8 = store.scale is not None
         self.magnitude_mask, self.special = (0x7F, FP8_NAN) if fp8 else (0x7FFF, BF16_EXPONENT)
-        self.widths = {"aux": num_taps * hidden, "final": hidden} | ({"scale": num_taps + 1} if fp8 else {})
+        self.layout = hidden_layout(store.storage, hidden, num_taps)  # name -> (width, on-disk dtype)
         self._local = threading.local()  # per thread: {array name: [SCAN_ROWS, width] buffer}
 
     def _read(self, lo: int, hi: int) -> dict[str, np.ndarray]:
@@ -158,8 +158,7 @@ class _BlockScan:
         buffers = getattr(self._local, "buffers", None)
         if buffers is None:
             buffers = self._local.buffers = {
-                name: np.empty((SCAN_ROWS, width), np.dtype(getattr(self.store, name).dtype))
-                for name, width in self.widths.items()
+                name: np.empty((SCAN_ROWS, width), dtype) for name, (width, dtype) in self.layout.items()
             }
         store = self.store
         return {name: store.stored_rows(name, lo, hi, out=buf[: hi - lo]) for name, buf in buffers.items()}

@@ -199,8 +199,8 @@ class OptimizerStep:
         self.spread, self.teacher, self.optimizer, self.scheduler = spread, teacher, optimizer, scheduler
         self.settings, self.amp, self.device, self.log = settings, amp, device, log
         self.checkpointer, self.stop = checkpointer, stop
-        self.waited = 0.0  # seconds this process waited for the loader's batches (not checkpointed)
-        # this process's step seconds by phase, timed at the syncs the step has anyway (no new ones):
+        # this process's step seconds by phase (not checkpointed), timed at the syncs the step has anyway:
+        # `loader_wait` is the wait for the loader's batches,
         # `forward_backward` ends at the metrics' copy to the host, `clip` at the norm's, and `update`
         # (AdamW, schedule, log row) is host time, its kernels finishing inside the next step's phases
         self.phase_seconds = dict.fromkeys(("loader_wait", "forward_backward", "clip", "update"), 0.0)
@@ -211,7 +211,6 @@ class OptimizerStep:
         started = time.perf_counter()
         micro = [next(batches) for _ in range(self.settings.grad_accum)]
         fed = time.perf_counter()
-        self.waited += fed - started
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.zero_grad(set_to_none=True)
         metrics = train_step(
@@ -262,7 +261,7 @@ class EpochPace:
 
     def __init__(self, run: RunState, step: OptimizerStep):
         self.step = step
-        self.started, self.waited = time.perf_counter(), step.waited
+        self.started, self.waited = time.perf_counter(), step.phase_seconds["loader_wait"]
         self.first_step, self.tokens = run.step, run.tokens
 
     def log(self, run: RunState) -> None:
@@ -271,5 +270,5 @@ class EpochPace:
         log.info(
             "epoch %d: %d steps, %d tokens in %.1f s (%.0f tok/s); waited %.1f s for batches",
             run.epoch, run.step - self.first_step, tokens, seconds, tokens / max(seconds, 1e-9),
-            self.step.waited - self.waited,
+            self.step.phase_seconds["loader_wait"] - self.waited,
         )  # fmt: skip
