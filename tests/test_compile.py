@@ -73,14 +73,19 @@ def test_compiled_training_step_equals_eager():
 
 def test_compiled_training_run_follows_the_eager_loss_curve(data, tmp_path):
     """A whole `train` run with train.compile (held-out evaluation, checkpoints, the drafter's export)
-    logs the eager run's loss curve, and its drafter reloads."""
+    logs the eager run's loss curve, and its drafter reloads. Its stats count what dynamo compiled
+    and report nothing it gave up on (a recompile-limit fallback to eager would be listed)."""
     base = settings(max_steps=8, checkpoint_every=4, select_by_tau=True, epochs=2, tree_attention="lse")
-    curves = []
+    curves, stats = [], {}
     for name, compile_steps in (("eager", False), ("compiled", True)):
-        run(data, tmp_path / name, dataclasses.replace(base, compile=compile_steps), heldout=True)
+        stats[name] = run(data, tmp_path / name, dataclasses.replace(base, compile=compile_steps), heldout=True)
         with open(tmp_path / name / "log.csv") as fh:
             curves.append([float(r["loss"]) for r in csv.DictReader(fh)])
     assert len(curves[0]) == 8
+    assert "compile" not in stats["eager"]
+    counted = stats["compiled"]["compile"]
+    assert counted["frames"].get("ok", 0) >= 1, counted  # its drafter's steps compile
+    assert counted["unimplemented"] == {} and counted["graph_breaks"] == 0, counted
     np.testing.assert_allclose(curves[1], curves[0], rtol=1e-4)
     Eagle3Drafter.from_pretrained(tmp_path / "compiled" / "drafter")
 

@@ -21,3 +21,31 @@ def compiled(fn: Callable) -> Callable:
 def compiled_if(fn: Callable, on: bool) -> Callable:
     """`compiled(fn)` when `on` (train.compile), else `fn` itself."""
     return compiled(fn) if on else fn
+
+
+
+def compile_counters(since: dict | None = None) -> dict:
+    """What torch.compile did in this process (dynamo's own counters), less `since` (an earlier
+    return): frames compiled, graphs, graph breaks and what it gave up on. A frame over
+    `torch._dynamo.config.recompile_limit` runs eager from then on, with only a warning: the
+    `unimplemented` reasons name it (first line of each)."""
+    from torch._dynamo.utils import counters
+
+    now = {
+        "frames": dict(counters["frames"]),
+        "unique_graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "unimplemented": {reason.splitlines()[0]: n for reason, n in counters["unimplemented"].items()},
+    }
+    if since is None:
+        return now
+
+    def minus(a: dict, b: dict) -> dict:
+        return {key: n - b.get(key, 0) for key, n in a.items() if n - b.get(key, 0)}
+
+    return {
+        "frames": minus(now["frames"], since["frames"]),
+        "unique_graphs": now["unique_graphs"] - since["unique_graphs"],
+        "graph_breaks": now["graph_breaks"] - since["graph_breaks"],
+        "unimplemented": minus(now["unimplemented"], since["unimplemented"]),
+    }

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from eyas.config import TrainSettings
 from eyas.model import target
+from eyas.model.compiled import compile_counters
 from eyas.train import distributed
 from eyas.train.checkpoint import Checkpointer
 from eyas.train.csvlog import TrainLog
@@ -182,7 +183,7 @@ def train(
         check_manifests(hidden_stores, manifests)
     if settings.select_by_tau and not heldout:
         raise ValueError("train.select_by_tau needs held-out stores (heldout=...)")
-    began = time.perf_counter()
+    began, compiled_before = time.perf_counter(), compile_counters()
     if threads:
         torch.set_num_threads(threads)
     s = start_session(
@@ -212,6 +213,8 @@ def train(
     # this process's step seconds by phase (a resumed run's earlier processes not counted): where the
     # loop outruns the bench's step time (bench/train_profile.py), they tell the loader from the step
     stats["phase_seconds"] = {phase: round(t, 3) for phase, t in s.step.phase_seconds.items()}
+    if settings.compile:  # recompiles past dynamo's limit fall back to eager silently: the stats say so
+        stats["compile"] = compile_counters(since=compiled_before)  # this run's alone (a sweep trains several)
     whole = s.checkpointer.save(s.run, s.spread, s.optimizer, s.scheduler)  # final weights, gathered once
     if s.world.main:
         s.checkpointer.write_output(whole, stats, best=bool(s.run.best))
