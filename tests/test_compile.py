@@ -78,7 +78,8 @@ def test_compiled_training_run_follows_the_eager_loss_curve(data, tmp_path):
     base = settings(max_steps=8, checkpoint_every=4, select_by_tau=True, epochs=2, tree_attention="lse")
     curves, stats = [], {}
     for name, compile_steps in (("eager", False), ("compiled", True)):
-        stats[name] = run(data, tmp_path / name, dataclasses.replace(base, compile=compile_steps), heldout=True)
+        variant = dataclasses.replace(base, compile=compile_steps)
+        stats[name] = run(data, tmp_path / name, variant, heldout=True)
         with open(tmp_path / name / "log.csv") as fh:
             curves.append([float(r["loss"]) for r in csv.DictReader(fh)])
     assert len(curves[0]) == 8

@@ -214,7 +214,7 @@ def train(
     # loop outruns the bench's step time (bench/train_profile.py), they tell the loader from the step
     stats["phase_seconds"] = {phase: round(t, 3) for phase, t in s.step.phase_seconds.items()}
     if settings.compile:  # recompiles past dynamo's limit fall back to eager silently: the stats say so
-        stats["compile"] = compile_counters(since=compiled_before)  # this run's alone (a sweep trains several)
+        stats["compile"] = compile_counters(since=compiled_before)  # this run alone: a sweep trains several
     whole = s.checkpointer.save(s.run, s.spread, s.optimizer, s.scheduler)  # final weights, gathered once
     if s.world.main:
         s.checkpointer.write_output(whole, stats, best=bool(s.run.best))
