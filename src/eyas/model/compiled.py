@@ -23,7 +23,6 @@ def compiled_if(fn: Callable, on: bool) -> Callable:
     return compiled(fn) if on else fn
 
 
-
 def compile_counters(since: dict | None = None) -> dict:
     """What torch.compile did in this process (dynamo's own counters), less `since` (an earlier
     return): frames compiled, graphs, graph breaks and what it gave up on. A frame over
