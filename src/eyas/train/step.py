@@ -202,8 +202,10 @@ class OptimizerStep:
         # this process's step seconds by phase (not checkpointed), timed at the syncs the step has anyway:
         # `loader_wait` is the wait for the loader's batches,
         # `forward_backward` ends at the metrics' copy to the host, `clip` at the norm's, and `update`
-        # (AdamW, schedule, log row) is host time, its kernels finishing inside the next step's phases
+        # (AdamW, schedule, log row) is host time, its kernels finishing inside the next step's phases.
+        # The process's first step (train.compile's compilation, the loader's first batch) is kept apart.
         self.phase_seconds = dict.fromkeys(("loader_wait", "forward_backward", "clip", "update"), 0.0)
+        self.first_step_seconds: dict[str, float] | None = None
 
     def __call__(self, run: RunState, batches: Iterator[Batch | None], share: list) -> dict:
         """Draw this rank's grad_accum micro-batches from `batches` (its `share` of the step group:
@@ -233,12 +235,12 @@ class OptimizerStep:
         self.log.append(row)
         ended = time.perf_counter()
         run.seconds += ended - started
-        for phase, seconds in zip(
-            self.phase_seconds,
-            (fed - started, stepped - fed, clipped - stepped, ended - clipped),
-            strict=True,
-        ):
-            self.phase_seconds[phase] += seconds
+        phases = zip(self.phase_seconds, (fed - started, stepped - fed, clipped - stepped, ended - clipped))
+        if self.first_step_seconds is None:
+            self.first_step_seconds = dict(phases)
+        else:
+            for phase, seconds in phases:
+                self.phase_seconds[phase] += seconds
         return metrics
 
     def non_finite_message(self, run: RunState, loss: float, grad_norm: float) -> str:

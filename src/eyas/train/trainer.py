@@ -211,8 +211,11 @@ def train(
     stats = run_stats(s.run, resumed_from, s.world.size, settings.grad_accum, metrics)
     stats.update(samples=len(s.loader.samples), samples_skipped_by_fraction=s.loader.skipped_by_fraction)
     # this process's step seconds by phase (a resumed run's earlier processes not counted): where the
-    # loop outruns the bench's step time (bench/train_profile.py), they tell the loader from the step
+    # loop outruns the bench's step time (bench/train_profile.py), they tell the loader from the step;
+    # its first step (compilation, the first batch) apart
+    first = s.step.first_step_seconds or {}
     stats["phase_seconds"] = {phase: round(t, 3) for phase, t in s.step.phase_seconds.items()}
+    stats["first_step_seconds"] = {phase: round(t, 3) for phase, t in first.items()}
     if settings.compile:  # recompiles past dynamo's limit fall back to eager silently: the stats say so
         stats["compile"] = compile_counters(since=compiled_before)  # this run alone: a sweep trains several
     whole = s.checkpointer.save(s.run, s.spread, s.optimizer, s.scheduler)  # final weights, gathered once
