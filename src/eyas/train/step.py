@@ -235,12 +235,13 @@ class OptimizerStep:
         self.log.append(row)
         ended = time.perf_counter()
         run.seconds += ended - started
-        phases = zip(self.phase_seconds, (fed - started, stepped - fed, clipped - stepped, ended - clipped))
+        seconds = (fed - started, stepped - fed, clipped - stepped, ended - clipped)
+        phases = zip(self.phase_seconds, seconds, strict=True)
         if self.first_step_seconds is None:
             self.first_step_seconds = dict(phases)
         else:
-            for phase, seconds in phases:
-                self.phase_seconds[phase] += seconds
+            for phase, spent in phases:
+                self.phase_seconds[phase] += spent
         return metrics
 
     def non_finite_message(self, run: RunState, loss: float, grad_norm: float) -> str:
