@@ -270,6 +270,11 @@ def test_run_script_dry_sweep_plans_the_variants(tmp_path):
     assert "campaign.py sweep-plan" in out.stdout and """--variant a-100={"lr": 0.001}""" in out.stdout
     assert "recipe_sweep.py --plan" in out.stdout and f"--workdir {run}/curve/work" in out.stdout
     assert _bash("run_recipe.sh", "--dry", "sweep", run).returncode == 2  # no variant
+    assert "--no-served" not in out.stdout
+    train_only = _bash("run_recipe.sh", "--dry", "sweep", run, "--no-served", "a-100={}")
+    assert train_only.returncode == 0 and "--variant a-100={}" in train_only.stdout
+    assert f"--workdir {run}/curve/work --no-served" in train_only.stdout
+    assert _bash("run_recipe.sh", "--dry", "sweep", run, "--no-served").returncode == 2  # no variant
 
 
 def test_bench_loader_runs_the_gil_bench_on_the_runs_own_train_store(tmp_path):

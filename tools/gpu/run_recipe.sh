@@ -155,13 +155,14 @@ snakemake_bg() {  # RUN LOGNAME ARGS...: Snakemake in its own session, pid in RU
 }
 
 sweep_bg() {  # RUN PLANNER ARGS...: campaign.py's PLANNER plan for RUN, then recipe_sweep.py on it in the background
+  # ($SWEEP_SERVED set to --no-served: the variants are trained, not served)
   local run=$1 planner=$2; shift 2
   [[ -f $run/config-file ]] && CONFIG_FILE=$(cat "$run/config-file")  # the run's own recipe
   say mkdir -p "$run/curve"
   say python3 "$CODE/tools/gpu/campaign.py" "$planner" "$run" --code "$CODE" --config-file "$CONFIG_FILE" \
     "$@" --out "$run/curve/plan.json"
   local cmd=(python3 "$CODE/bench/studies/recipe_sweep.py" --plan "$run/curve/plan.json" --model "$run/results/assets/model"
-    --out "$run/curve/recipe-curve.json" --workdir "$run/curve/work")
+    --out "$run/curve/recipe-curve.json" --workdir "$run/curve/work" ${SWEEP_SERVED:-})
   if ((DRY)); then echo "would: setsid ${cmd[*]} > $run/curve.out"; else
     in_background "$run/curve.pid" "$run/curve.out" "${cmd[@]}"
     sleep 5; tail -3 "$run/curve.out"
@@ -253,7 +254,9 @@ case $step in
     sweep_bg "$run" curve-plan ${1:+--percent "$@"}
     ;;
   sweep)
+    # sweep RUN [--no-served] NAME=JSON...: --no-served trains the variants only (their steps' seconds)
     need_run "${1:-}"; run=$1; shift; copy_code
+    [[ ${1:-} == --no-served ]] && { SWEEP_SERVED=--no-served; shift; }
     (($# >= 1)) || { echo "run_recipe sweep: give the variants, NAME=JSON (train settings) each" >&2; exit 2; }
     sweep_bg "$run" sweep-plan --variant "$@"
     ;;
@@ -268,8 +271,9 @@ case $step in
     while kill -0 "$(cat "$run/curve.pid")" 2>/dev/null && ((SECONDS < end)); do sleep 5; done
     mkdir -p "$OUT"; tail -5 "$run/curve.out"
     cp "$run/curve/recipe-curve.json" "$OUT/" 2>/dev/null || echo "wait-curve: no report yet" >&2
-    # the plot only from a finished report: a partial one has no served tau yet
-    if grep -q '"status": "done"' "$run/curve/recipe-curve.json" 2>/dev/null; then
+    # the plot only from a finished, served report: a partial or train-only one has no served tau
+    report=$run/curve/recipe-curve.json
+    if grep -q '"status": "done"' "$report" 2>/dev/null && ! grep -q '"served": null' "$report"; then
       python3 "$CODE/bench/studies/plot_tau_vs_data.py" "$run/curve/recipe-curve.json" --out "$OUT/tau-vs-data"
     fi
     ;;
