@@ -244,6 +244,11 @@ class OptimizerStep:
                 self.phase_seconds[phase] += spent
         return metrics
 
+    @property
+    def loader_waited(self) -> float:
+        """Seconds this process waited for the loader's batches, its first step included."""
+        return self.phase_seconds["loader_wait"] + (self.first_step_seconds or {}).get("loader_wait", 0.0)
+
     def non_finite_message(self, run: RunState, loss: float, grad_norm: float) -> str:
         last = self.checkpointer.last
         where = (
@@ -264,7 +269,7 @@ class EpochPace:
 
     def __init__(self, run: RunState, step: OptimizerStep):
         self.step = step
-        self.started, self.waited = time.perf_counter(), step.phase_seconds["loader_wait"]
+        self.started, self.waited = time.perf_counter(), step.loader_waited
         self.first_step, self.tokens = run.step, run.tokens
 
     def log(self, run: RunState) -> None:
@@ -273,5 +278,5 @@ class EpochPace:
         log.info(
             "epoch %d: %d steps, %d tokens in %.1f s (%.0f tok/s); waited %.1f s for batches",
             run.epoch, run.step - self.first_step, tokens, seconds, tokens / max(seconds, 1e-9),
-            self.step.phase_seconds["loader_wait"] - self.waited,
+            self.step.loader_waited - self.waited,
         )  # fmt: skip
