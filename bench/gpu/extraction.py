@@ -169,6 +169,8 @@ def child_eyas(args) -> None:
     began = time.perf_counter()
     import dataclasses
 
+    import zarr
+
     from eyas.extract import sglang_backend
     from eyas.extract.sglang_backend import extract_shard_sglang
 
@@ -182,10 +184,14 @@ def child_eyas(args) -> None:
         layer_ids=_layer_ids(cfg, args.model), model_id=cfg.model_id,
         settings=cfg.sglang, trust_remote_code=cfg.model.trust_remote_code,
         storage=ex.storage, chunk_tokens=ex.chunk_tokens, chunks_per_shard=ex.chunks_per_shard,
-        writer_threads=ex.writer_threads, threads=args.threads,
+        compression=ex.compression, writer_threads=ex.writer_threads, threads=args.threads,
     )  # fmt: skip
     settings = {"extract": dataclasses.asdict(ex), "sglang": dataclasses.asdict(cfg.sglang)}
-    result = stats | {"in_process_seconds": time.perf_counter() - began, **settings}
+    # what the store itself records: a setting the call above dropped shows here (the 2026-12-06 run's
+    # `compression: none` variant wrote zstd, the same bytes as its zstd twin)
+    written = dict(zarr.open_group(str(Path(args.work) / "store.zarr"), mode="r").attrs)
+    store = {key: written.get(key) for key in ("storage", "chunk_tokens", "chunks_per_shard", "compression")}
+    result = stats | {"in_process_seconds": time.perf_counter() - began, "store_attrs": store, **settings}
     Path(args.result).write_text(json.dumps(result, default=str))
 
 
