@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from eyas.engine.generation import GenerationEngines, memory_shares
+from eyas.engine.generation import GenerationEngines, distinct_ports, memory_shares
 from eyas.engine.start_turns import ReadyPipe, StartTurn, in_turn
 
 SPAWN = mp.get_context("spawn")  # as SGLang starts its scheduler processes
@@ -208,3 +209,28 @@ def test_the_first_engine_to_fail_is_the_error_raised(model_dir):
     args = {"mem_fraction_static": 0.5, "model_path": model_dir}
     with pytest.raises(RuntimeError, match="engine 2: out of memory"):
         GenerationEngines(args, count=3, stage="t", start=start, together=True)
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_several_engines_get_distinct_rendezvous_ports(model_dir, together):
+    """Engines started in one process each chose a free port for torch.distributed's rendezvous
+    themselves, and two could get the same one (EADDRINUSE, H100): the job hands each its own."""
+    args = {"mem_fraction_static": 0.5, "model_path": model_dir}
+    start = lambda a, *, turn=None, **_: FakeEngine(a, turn)  # noqa: E731
+    engines = GenerationEngines(args, count=4, stage="t", start=start, together=together)
+    ports = [e.args["nccl_port"] for e in engines.engines]
+    assert len(set(ports)) == 4 and all(0 < p < 65536 for p in ports)
+    engines.shutdown()
+    user = GenerationEngines(args | {"nccl_port": 29600}, count=3, stage="t", start=start, together=together)
+    assert sorted(e.args["nccl_port"] for e in user.engines) == [29600, 29601, 29602]
+    user.shutdown()
+    one = GenerationEngines(args, count=1, stage="t", start=start, together=together)
+    assert "nccl_port" not in one.engines[0].args  # one engine: SGLang's own choice, as before
+
+
+def test_distinct_ports_are_free_and_different():
+    ports = distinct_ports(16)
+    assert len(set(ports)) == 16
+    for port in ports:  # closed again: each can be bound (what the engine's rendezvous will do)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -49,6 +50,37 @@ def memory_shares(fraction: float, count: int) -> list[float]:
     engine half, the next a quarter, ... at 0.5; engine i starts with 1 - i * fraction / count free."""
     share = fraction / count
     return [share / (1 - index * share) for index in range(count)]
+
+
+def distinct_ports(count: int, user_port: int | None = None) -> list[int]:
+    """A port for each of `count` engines' torch.distributed rendezvous (SGLang's `nccl_port`), all
+    different: `user_port` + i where the user set one, else ports the OS gives while all `count` are
+    held at once. Left to themselves, engines started together in one process each ask SGLang's
+    `get_free_port()` (bind to port 0, close, return the port; sglang 0.5.17 `srt/server_args.py`
+    `PortArgs.init_new`), which may hand two of them the same just-closed port: one scheduler then
+    died with EADDRINUSE (H100, 2026-12-06)."""
+    if user_port is not None:
+        return [user_port + index for index in range(count)]
+    held = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def engines_args(args: dict, count: int) -> list[dict]:
+    """Each of `count` engines' SGLang args: `args` with the engine's memory share and, for several,
+    its own rendezvous port (`distinct_ports`)."""
+    shares = memory_shares(args["mem_fraction_static"], count)
+    if count == 1:
+        return [args | {"mem_fraction_static": shares[0]}]
+    ports = distinct_ports(count, args.get("nccl_port"))
+    return [args | {"mem_fraction_static": s, "nccl_port": p} for s, p in zip(shares, ports, strict=True)]
 
 
 def _sigquit_while_starting_together(signum=None, frame=None) -> None:
@@ -88,27 +120,26 @@ class GenerationEngines:
             raise ValueError(f"regenerate.engine.engines: {count} must be >= 1")
         self.stage, self.engines = stage, []
         self._release, self._starters = threading.Event(), []  # `_start_together`'s threads
-        shares = memory_shares(args["mem_fraction_static"], count)
+        each = engines_args(args, count)
         try:
             if together and count > 1:
-                self._start_together(args, shares, start)
+                self._start_together(each, start)
             else:
-                self._start_in_turn(args, shares, start)
+                self._start_in_turn(each, start)
         except BaseException:
             self.shutdown()
             raise
 
-    def _start_in_turn(self, args: dict, shares: list[float], start) -> None:
-        """One engine after the other, each on the first engine's loop."""
-        for index, share in enumerate(shares):
+    def _start_in_turn(self, each: list[dict], start) -> None:
+        """One engine after the other (`each`: their args), each on the first engine's loop."""
+        for index, engine_args in enumerate(each):
             began = time.perf_counter()
             loop = self.engines[0].loop if self.engines else None
-            engine_args = args | {"mem_fraction_static": share}
             self.engines.append(start(engine_args, speculative=False, stage=self.stage, loop=loop))
-            log.info("%s: engine %d / %d started in %.1f s", self.stage, index + 1, len(shares),
+            log.info("%s: engine %d / %d started in %.1f s", self.stage, index + 1, len(each),
                      time.perf_counter() - began)  # fmt: skip
 
-    def _start_together(self, args: dict, shares: list[float], start) -> None:
+    def _start_together(self, each: list[dict], start) -> None:
         """Every engine's processes at once, each engine's GPU work in its turn
         (`eyas.engine.start_turns`): a thread per engine starts it, and the engines are then attached
         to the first one's loop here, in the main thread. A scheduler that fails as it starts sends
@@ -123,9 +154,9 @@ class GenerationEngines:
         (H100, 2026-12-05)."""
         began = time.perf_counter()
         signal.signal(signal.SIGQUIT, _sigquit_while_starting_together)
-        outcomes: list = [None] * len(shares)  # an engine or the error of its start
+        outcomes: list = [None] * len(each)  # an engine or the error of its start
         failures: list[int] = []  # engines whose start failed, first first: the others' may follow it
-        started = [threading.Event() for _ in shares]
+        started = [threading.Event() for _ in each]
 
         def starter(index: int, engine_args: dict, turn: StartTurn) -> None:
             try:
@@ -142,11 +173,10 @@ class GenerationEngines:
 
         # one model-module scan for all (each thread's own would set and restore the variable in turn)
         with (
-            only_needed_models([args["model_path"]]),
+            only_needed_models([each[0]["model_path"]]),
             tempfile.TemporaryDirectory(prefix="eyas-turns-") as folder,
         ):
-            for index, share in enumerate(shares):
-                engine_args = args | {"mem_fraction_static": share}
+            for index, engine_args in enumerate(each):
                 thread = threading.Thread(
                     target=starter, args=(index, engine_args, StartTurn(folder, index)),
                     name=f"engine-start-{index}", daemon=True,
@@ -157,13 +187,13 @@ class GenerationEngines:
                 event.wait()
         self.engines = [o for o in outcomes if not isinstance(o, BaseException)]  # stopped if one failed
         for index in failures[1:]:  # the first to fail is raised: the cause, where the rest may be victims
-            log.error("%s: engine %d / %d did not start either: %s", self.stage, index + 1, len(shares),
+            log.error("%s: engine %d / %d did not start either: %s", self.stage, index + 1, len(each),
                       outcomes[index])  # fmt: skip
         if failures:
             raise outcomes[failures[0]]
         for engine in self.engines:
             engine.attach(self.engines[0].loop)
-        log.info("%s: %d engines started together in %.1f s", self.stage, len(shares),
+        log.info("%s: %d engines started together in %.1f s", self.stage, len(each),
                  time.perf_counter() - began)  # fmt: skip
 
     def __enter__(self):
