@@ -247,3 +247,37 @@ def test_extraction_ratios_hold_capture_to_the_faster_bare_run():
     del result["bare_prefill_last"]  # a last bare run that failed: the first one alone
     extraction.add_ratios(result)
     assert a["ratio_to_bare"] == {"after_engine_start": 1.5, "end_to_end": 0.5}
+
+
+def test_discard_writes_keeps_the_capture_and_drops_the_writers_work(
+    tmp_path, tiny_model_dir, tokenizer, monkeypatch
+):
+    """`discard_writes` (the capture without its writers): an extraction runs to its end through the
+    writer thread, waits for each batch, and leaves a store without chunk files."""
+    from modelkit import token_shard_attrs
+
+    from eyas.extract.hf_backend import extract_shard
+    from eyas.extract.writer import BatchWriter
+    from eyas.store import write_token_shard
+    from eyas.store.writer import HiddenStoreWriter
+
+    for cls, name in ((BatchWriter, "_write"), (HiddenStoreWriter, "finish")):  # restored after the test
+        monkeypatch.setattr(cls, name, getattr(cls, name))
+    samples = [(np.arange(3, 3 + n, dtype=np.int32), np.ones(n, np.uint8)) for n in (5, 9, 300)]
+    shard = tmp_path / "tokens.zarr"
+    write_token_shard(shard, samples, ["a", "b", "c"], token_shard_attrs(tokenizer))
+    kept = extract_shard(str(shard), str(tmp_path / "kept.zarr"), str(tiny_model_dir), layer_ids=[0, 1],
+                         model_id="tiny", progress=False, writer_threads=2)  # fmt: skip
+    extraction.drop_writes()
+    dropped = extract_shard(str(shard), str(tmp_path / "dropped.zarr"), str(tiny_model_dir), layer_ids=[0, 1],
+                            model_id="tiny", progress=False, writer_threads=2)  # fmt: skip
+    assert kept["tokens"] == dropped["tokens"] == 314
+
+    def files(store: str) -> set[str]:
+        return {
+            f.name for name in ("aux", "final") for f in (tmp_path / store / name).rglob("*") if f.is_file()
+        }
+
+    assert files("kept.zarr") > {"zarr.json"}  # chunk files beside the arrays' metadata ...
+    assert files("dropped.zarr") == {"zarr.json"}  # ... and none where the writes were dropped
+    assert dropped["bytes_stored"] < kept["bytes_stored"] / 10

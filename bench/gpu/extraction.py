@@ -9,7 +9,9 @@ a time with `max_new_tokens` 0 after the same warm-up the stage sends (its first
 stage's `extract_shard_sglang` on the same shard (hook, device encode, pinned copy, writer threads,
 `extract.storage` of the config), once per variant (NAME=JSON: `extract` keys over the config's, e.g.
 `{"writer_threads": 4}`, `{"storage": "bf16"}`, and `{"sglang": {"requests_per_call": 4096}}` for the
-top-level `sglang` section). Each run in a fresh process. `--profile`: cProfile of the eyas variants'
+top-level `sglang` section). `{"discard_writes": true}` (bench only) keeps the capture up to the pinned
+copy and drops the writer's work (no encoding, no files): what the writers cost the scheduler at most.
+Each run in a fresh process. `--profile`: cProfile of the eyas variants'
 scheduler process (its main thread) from the first capture forward to the store's end, the top
 functions in the JSON. Reported: tokens a second after the engine is
 up (the stage's own `seconds`, which leave out start-up and warm-up) and end to end (the child's whole
@@ -150,6 +152,29 @@ def profiled_scheduler_process(profile_path: str, spec, *args, **kwargs):
     return sglang_capture.scheduler_process(spec, *args, **kwargs)
 
 
+def drop_writes() -> None:
+    """This process's extract writers keep nothing: a staged batch is waited for (its pinned copy, as a
+    real write waits) and released unwritten, and the store is not checked for completeness at its end.
+    Bench only (`discard_writes`): the store it leaves has no chunk files."""
+    from eyas.extract.writer import BatchWriter
+    from eyas.store.writer import HiddenStoreWriter
+
+    def wait_only(self, item) -> None:
+        if item.ready is not None:
+            item.ready.synchronize()
+
+    BatchWriter._write = wait_only
+    HiddenStoreWriter.finish = lambda self, extra_attrs=None: None
+
+
+def discarding_scheduler_process(spec, *args, **kwargs):
+    """The capture engine's scheduler process with `drop_writes` in force."""
+    from eyas.extract import sglang_capture
+
+    drop_writes()
+    return sglang_capture.scheduler_process(spec, *args, **kwargs)
+
+
 def profile_top(path: Path, count: int = 40) -> dict:
     """The profile's functions with the most own time and the most time below them."""
     import pstats
@@ -174,10 +199,16 @@ def child_eyas(args) -> None:
     from eyas.extract import sglang_backend
     from eyas.extract.sglang_backend import extract_shard_sglang
 
+    overrides = json.loads(args.variant_json)
+    discard = overrides.pop("discard_writes", False)
+    if discard and args.profile_out:
+        raise SystemExit("extraction bench: discard_writes and --profile do not combine")
     if args.profile_out:
         sglang_backend.scheduler_process = functools.partial(profiled_scheduler_process, args.profile_out)
+    if discard:
+        sglang_backend.scheduler_process = discarding_scheduler_process
 
-    cfg = extract_settings(args.config, json.loads(args.variant_json))
+    cfg = extract_settings(args.config, overrides)
     ex = cfg.extract
     stats = extract_shard_sglang(
         args.workload, str(Path(args.work) / "store.zarr"), args.model,
@@ -189,9 +220,12 @@ def child_eyas(args) -> None:
     settings = {"extract": dataclasses.asdict(ex), "sglang": dataclasses.asdict(cfg.sglang)}
     # what the store itself records: a setting the call above dropped shows here (the 2026-12-06 run's
     # `compression: none` variant wrote zstd, the same bytes as its zstd twin)
-    written = dict(zarr.open_group(str(Path(args.work) / "store.zarr"), mode="r").attrs)
+    written = (
+        dict(zarr.open_group(str(Path(args.work) / "store.zarr"), mode="r").attrs) if not discard else {}
+    )
     store = {key: written.get(key) for key in ("storage", "chunk_tokens", "chunks_per_shard", "compression")}
     result = stats | {"in_process_seconds": time.perf_counter() - began, "store_attrs": store, **settings}
+    result["discard_writes"] = discard
     Path(args.result).write_text(json.dumps(result, default=str))
 
 
