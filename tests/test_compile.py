@@ -76,6 +76,7 @@ def test_compiled_training_run_follows_the_eager_loss_curve(data, tmp_path):
     logs the eager run's loss curve, and its drafter reloads. Its stats count what dynamo compiled
     and report nothing it gave up on (a recompile-limit fallback to eager would be listed)."""
     base = settings(max_steps=8, checkpoint_every=4, select_by_tau=True, epochs=2, tree_attention="lse")
+    torch._dynamo.reset()  # compiled from empty caches, whatever compiled earlier in this process
     curves, stats = [], {}
     for name, compile_steps in (("eager", False), ("compiled", True)):
         variant = dataclasses.replace(base, compile=compile_steps)

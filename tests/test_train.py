@@ -201,6 +201,9 @@ def test_training_reduces_loss_and_writes_outputs(data, tmp_path):
     assert set(phases) == set(first) == {"loader_wait", "forward_backward", "clip", "update"}
     assert min(phases.values()) >= 0 and phases["forward_backward"] > 0 and first["forward_backward"] > 0
     assert sum(phases.values()) + sum(first.values()) == pytest.approx(stats["seconds"], abs=0.01)
+    paces = [(e["seconds"], e["tokens_per_s"], e["loader_wait_seconds"]) for e in stats["epochs"]]
+    assert paces and all(s > 0 and r > 0 and 0 <= w <= s for s, r, w in paces)  # each epoch's pace
+    assert sum(s for s, _, _ in paces) >= stats["seconds"] - 0.01  # epochs hold the steps (and more)
 
 
 @pytest.mark.parametrize(

@@ -272,11 +272,18 @@ class EpochPace:
         self.started, self.waited = time.perf_counter(), step.loader_waited
         self.first_step, self.tokens = run.step, run.tokens
 
-    def log(self, run: RunState) -> None:
+    def log(self, run: RunState) -> dict:
+        """Logs the epoch's pace and returns it: {seconds, tokens_per_s, loader_wait_seconds} (the
+        epoch's record in `run.epochs` keeps it, so a run's stats show an epoch that slowed)."""
         seconds = time.perf_counter() - self.started
         tokens = run.tokens - self.tokens
+        waited = self.step.loader_waited - self.waited
         log.info(
             "epoch %d: %d steps, %d tokens in %.1f s (%.0f tok/s); waited %.1f s for batches",
-            run.epoch, run.step - self.first_step, tokens, seconds, tokens / max(seconds, 1e-9),
-            self.step.loader_waited - self.waited,
+            run.epoch, run.step - self.first_step, tokens, seconds, tokens / max(seconds, 1e-9), waited,
         )  # fmt: skip
+        return {
+            "seconds": round(seconds, 3),
+            "tokens_per_s": round(tokens / max(seconds, 1e-9)),
+            "loader_wait_seconds": round(waited, 3),
+        }

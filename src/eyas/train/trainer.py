@@ -293,8 +293,9 @@ def run_epochs(s: Session, bar: tqdm) -> dict:
                     f"{s.checkpointer.dir} saved, and rerunning the job resumes from it"
                 )
         batches.close()
-        pace.log(run)
-        s.end_epoch(run, complete=not stopped, padded=padded_slots(s.loader, run.epoch, world.size, settings))
+        paced = pace.log(run)
+        padded = padded_slots(s.loader, run.epoch, world.size, settings)
+        s.end_epoch(run, complete=not stopped, padded=padded, pace=paced)
         if stopped:
             break
         run.epoch, run.group_in_epoch = run.epoch + 1, 0

@@ -47,9 +47,10 @@ class EpochEnd:
     def __init__(self, spread: Replicated, checkpointer: Checkpointer, heldout: HeldoutMetrics | None):
         self.spread, self.checkpointer, self.heldout = spread, checkpointer, heldout
 
-    def __call__(self, run: RunState, complete: bool, padded: int) -> None:
+    def __call__(self, run: RunState, complete: bool, padded: int, pace: dict | None = None) -> None:
         """`complete`: epoch `run.epoch` ran to its end (not cut by max_steps), so every sample must
-        have been seen exactly once over all ranks. `padded`: its empty micro-batch slots."""
+        have been seen exactly once over all ranks. `padded`: its empty micro-batch slots. `pace`:
+        this process's seconds of the epoch (`EpochPace.log`), kept in the record."""
         world = self.spread.world
         counts = distributed.all_reduce_sum(run.seen.clone(), world)
         record = {
@@ -58,6 +59,7 @@ class EpochEnd:
             "complete": complete,
             "samples": int((counts > 0).sum()),
             "padded_microbatches": padded,
+            **(pace or {}),
         }
         if complete and not bool((counts == 1).all()):
             raise RuntimeError(
@@ -72,6 +74,7 @@ class EpochEnd:
                 record["conditional_accuracy"] = metrics["conditional_accuracy"]
                 record["accuracy"] = metrics["accuracy"]
                 record["walked_tau_by_k"] = metrics["walked_tau_by_k"]
+                record["heldout_seconds"] = round(metrics["seconds"], 3)
                 self.checkpointer.keep_if_best(run, record, whole)
                 walked = " ".join(f"{w:.3f}" if w is not None else "-" for w in metrics["walked_tau_by_k"])
                 log.info(
