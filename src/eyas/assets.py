@@ -148,7 +148,9 @@ def gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
     config = AutoConfig.from_pretrained(gguf_path.parent, **kwargs)
     # the parsed config passed on: each GGUF parse of the 49k-token vocab takes seconds
-    loaded = AutoModelForCausalLM.from_pretrained(gguf_path.parent, config=config, dtype=torch.float32, **kwargs)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, config=config, dtype=torch.float32, **kwargs
+    )
     # transformers 5 refuses save_pretrained on a gguf-loaded model: rebuild it plainly.
     config.architectures = [type(loaded).__name__]
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
