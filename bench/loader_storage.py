@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from train import bench_token_shard
 
-from eyas.store import bf16_to_uint16, hidden_store_writer
+from eyas.store import COMPRESSIONS, bf16_to_uint16, hidden_store_writer
 from eyas.store.quant import fp8_quantize
 from eyas.train.loader import PairedLoader
 
@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--pin", action="store_true", help="pinned batches, as the trainer asks on a GPU")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--chunks-per-shard", type=int, nargs="+", default=[1], help="store layouts to read")
-    ap.add_argument("--compression", nargs="+", default=["zstd"], choices=["zstd", "none"])
+    ap.add_argument("--compression", nargs="+", default=["zstd"], choices=COMPRESSIONS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import eyas

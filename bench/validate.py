@@ -43,7 +43,7 @@ import torch
 from eyas.core.layer_ids import LAYER_ID_CONVENTION
 from eyas.core.provenance import EYAS_VERSION, FINAL_NORM, sha256_array
 from eyas.extract.job import stored_bytes
-from eyas.store import HiddenStore, hidden_store_writer, read_token_shard, write_token_shard
+from eyas.store import COMPRESSIONS, HiddenStore, hidden_store_writer, read_token_shard, write_token_shard
 from eyas.store.layout import bf16_to_uint16
 from eyas.store.quant import fp8_quantize
 from eyas.validate import _scan_nonfinite, chunk_summary, validate_store
@@ -226,7 +226,7 @@ def main() -> None:
     parser.add_argument(
         "--compression",
         default="zstd",
-        choices=["zstd", "none"],
+        choices=COMPRESSIONS,
         help="synthetic stores' extract.compression",
     )
     parser.add_argument("--compare-src", help="another checkout's src/: its validate_store timed first")
