@@ -39,12 +39,9 @@ def compile_counters(since: dict | None = None) -> dict:
     if since is None:
         return now
 
-    def minus(a: dict, b: dict) -> dict:
+    def minus(a, b):  # a count, or counts by name (names whose count did not change left out)
+        if isinstance(a, int):
+            return a - b
         return {key: n - b.get(key, 0) for key, n in a.items() if n - b.get(key, 0)}
 
-    return {
-        "frames": minus(now["frames"], since["frames"]),
-        "unique_graphs": now["unique_graphs"] - since["unique_graphs"],
-        "graph_breaks": now["graph_breaks"] - since["graph_breaks"],
-        "unimplemented": minus(now["unimplemented"], since["unimplemented"]),
-    }
+    return {key: minus(value, since[key]) for key, value in now.items()}

@@ -277,13 +277,13 @@ class EpochPace:
         epoch's record in `run.epochs` keeps it, so a run's stats show an epoch that slowed)."""
         seconds = time.perf_counter() - self.started
         tokens = run.tokens - self.tokens
-        waited = self.step.loader_waited - self.waited
+        rate, waited = tokens / max(seconds, 1e-9), self.step.loader_waited - self.waited
         log.info(
             "epoch %d: %d steps, %d tokens in %.1f s (%.0f tok/s); waited %.1f s for batches",
-            run.epoch, run.step - self.first_step, tokens, seconds, tokens / max(seconds, 1e-9), waited,
+            run.epoch, run.step - self.first_step, tokens, seconds, rate, waited,
         )  # fmt: skip
         return {
             "seconds": round(seconds, 3),
-            "tokens_per_s": round(tokens / max(seconds, 1e-9)),
+            "tokens_per_s": round(rate),
             "loader_wait_seconds": round(waited, 3),
         }
