@@ -412,3 +412,11 @@ def test_a_union_of_several_scalar_options_names_them_all():
     assert [build(UnionProbe, {"b": v}, "a").b for v in (3, "auto", None)] == [3, "auto", None]
     with pytest.raises(cfg.ConfigError, match="^a.b: expected an integer or one of auto or null, got 'x'$"):
         build(UnionProbe, {"b": "x"}, "a")
+
+
+def test_extract_compression_choices_are_the_stores():
+    """settings.py imports nothing from the store layer, so the choices are written twice; kept equal here."""
+    from eyas.store import COMPRESSIONS
+
+    hint = typing.get_type_hints(cfg.ExtractSettings)["compression"]
+    assert typing.get_args(hint) == COMPRESSIONS
