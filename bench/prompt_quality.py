@@ -102,6 +102,7 @@ def write_sample(args) -> tuple[Path, float]:
             "max_new_tokens",
             "max_tokens",
             "batch_size",
+            "opener_share",
         )
         if getattr(args, k) is not None
     }
@@ -139,6 +140,7 @@ def main() -> None:
         ("max-new-tokens", int),
         ("max-tokens", int),
         ("batch-size", int),
+        ("opener-share", float),
     ):
         ap.add_argument(f"--{name}", type=kind, help="--write: prompts setting (default: the config's)")
     ap.add_argument("--backend", choices=["hf", "sglang"], help="--write: prompts.backend")

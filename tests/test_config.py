@@ -317,6 +317,7 @@ ZERO_ALLOWED = {
     "prompts.seed": "a seed like any other",
     "prompts.chinese_share": "a share: 0 = no conversation steered to Chinese",
     "prompts.tool_share": "a share: 0 = no tool-use conversation",
+    "prompts.opener_share": "a share: 0 = the target writes every first turn whole",
     "train.warmup_steps": "0 = none (its docstring)",
     "train.weight_decay": "0 = none (its docstring)",
     "evaluate.temperature": "0 = greedy (its docstring)",

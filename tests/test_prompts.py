@@ -3,6 +3,7 @@ writing the same prompts on the HF path, and the hand-off prepare -> regenerate 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from eyas.data.formats import PROMPT_PLACEHOLDER
 from eyas.data.prepare import PROMPTS_FORMAT, prepare
 from eyas.data.tokenize import render_prompt, tokenize_split, user_turn_prefix
 from eyas.regenerate.filters import TurnLimits
-from eyas.regenerate.mix import plan
+from eyas.regenerate.mix import OPENERS, plan
 from eyas.regenerate.prompts import read_tool_sets, run_prompts, write_prompts
 from eyas.regenerate.responses import regenerate_split
 
@@ -117,6 +118,35 @@ def test_counts_add_up_and_follow_ups_see_the_answers(tokenizer):
     assert "The moon pulls the sea." in follow_up_prompt and steers[0].system in follow_up_prompt
     answer_prompt = tokenizer.decode(answers.calls[0][0])
     assert steers[0].system not in answer_prompt  # answers see the conversation, not the steer
+
+
+def test_openers_are_drawn_last_in_the_steers_language():
+    sets = {"en": [TOOLS_EN], "zh": [TOOLS_ZH]}
+    shares = dict(seed=3, chinese_share=0.48, tool_share=0.2, tool_sets=sets)
+    bare, opened = plan(500, **shares), plan(500, **shares, opener_share=0.5)
+    assert all(s.opener == "" for s in bare)
+    assert [dataclasses.replace(s, opener="") for s in opened] == bare  # the other fields unchanged
+    assert 0.4 < sum(bool(s.opener) for s in opened) / 500 < 0.6
+    assert all(s.opener in OPENERS[s.language] for s in opened if s.opener)
+
+
+def test_a_first_turn_with_an_opener_is_the_opener_and_its_continuation(tokenizer):
+    steers = plan(3, seed=0, chinese_share=0.0, tool_share=0.0, tool_sets={}, opener_share=1.0)
+    limits = TurnLimits(max_new_tokens=20, max_tokens=11, near_duplicate_jaccard=0.7)
+    written = [" the tides.", " a b c d e f g h i j k", " a poem."]
+    users = Scripted(tokenizer, written)
+    records, rejects, stats = write_prompts(steers, users, None, tokenizer, limits, turns=1, seed=0)
+    for steer, prompt in zip(steers, users.calls[0], strict=True):
+        opener = tokenizer(steer.opener, add_special_tokens=False)["input_ids"]
+        assert prompt[-len(opener) :] == opener  # the target continues the opener
+        assert tokenizer.decode(prompt[: -len(opener)]).endswith("<|im_start|>user\n")
+    kept = [r["messages"][0]["content"] for r in records]
+    assert kept == [f"{steers[0].opener} the tides.", f"{steers[2].opener} a poem."]
+    assert records[0]["steer"]["opener"] == steers[0].opener
+    # 11 tokens generated, under the 20-token cap, but with the opener over max_tokens 11
+    assert [r["reason"] for r in rejects] == ["too_long"] and stats["by_reason"] == {"too_long": 1}
+    generated = [tokenizer(x, add_special_tokens=False)["input_ids"] for x in written]
+    assert stats["new_tokens"] == sum(map(len, generated))
 
 
 def _settings(**kw) -> PromptSettings:

@@ -380,6 +380,10 @@ class PromptSettings:
     """Share of conversations steered to Simplified Chinese (the demo data's share is 48%)."""
     tool_share: float = bounded(0.2, ge=0, le=1)
     """Share of conversations given tool schemas from `tool_files` to write a request that needs them."""
+    opener_share: float = bounded(0.0, ge=0, le=1)
+    """Share of conversations whose first user turn starts with a few words in the steer's language
+    (`eyas.regenerate.mix.OPENERS`, e.g. "请解释", "How do I") that the target continues: a small
+    model follows the language of the text it continues far more than a system prompt's."""
     tool_files: list[str] = field(
         default_factory=lambda: [
             "llamafactory:glaive_toolcall_en_demo.json",

@@ -151,9 +151,11 @@ class TurnLimits:
 
 
 def check_turn(
-    text: str, tokens: int, wanted_language: str | None, limits: TurnLimits
+    text: str, tokens: int, wanted_language: str | None, limits: TurnLimits, given: int = 0
 ) -> tuple[str, str] | None:
-    """(reason, detail) of the first per-turn filter `text` fails, else None (duplicates apart)."""
+    """(reason, detail) of the first per-turn filter `text` fails, else None (duplicates apart).
+    `tokens` were generated after `given` tokens the turn was started with (an opener): the cap
+    applies to the generated ones, the longest kept turn to all."""
     if not text.strip():
         return "empty", "no text"
     if tokens >= limits.max_new_tokens:
@@ -165,8 +167,8 @@ def check_turn(
         return "special_token", f"holds {special!r}"
     if repetition_loop(text):
         return "repetition_loop", "a piece repeated 5+ times in a row or most unit 3-grams repeated"
-    if tokens > limits.max_tokens:
-        return "too_long", f"{tokens} tokens > max_tokens {limits.max_tokens}"
+    if tokens + given > limits.max_tokens:
+        return "too_long", f"{tokens + given} tokens > max_tokens {limits.max_tokens}"
     if wanted_language is not None and language(text) != wanted_language:
         return "wrong_language", f"asked {wanted_language}, CJK share {cjk_share(text):.2f}"
     return None

@@ -7,6 +7,8 @@ this module: each conversation draws a language (Simplified Chinese at `chinese_
 `tool_share`: the tool schemas of a demo record go into the system prompt, and the request should need
 one of them), a topic, a persona and a task type, phrased by one of several system-prompt templates.
 The steer is only the writing context: the conversation written out keeps its tools, not the steer.
+Optionally (`opener_share`) the first user turn also starts with a few words in the steer's language
+(`OPENERS`) that the target continues: the turn written out is those words and the continuation.
 
 Each conversation's steer depends on (seed, its index) alone, so more conversations do not change the
 first ones.
@@ -76,6 +78,21 @@ TOOL_TEMPLATES = {
     ],
 }
 LANGUAGES = ("en", "zh")
+# The first words of a user turn, written for the target to continue (`opener_share`): a small model
+# follows a system prompt's "write in Chinese" far less than the language of the text it continues
+# (SmolLM2-135M wrote English for nearly every Chinese steer: 181 of 800 turns rejected as the wrong
+# language, H200, bench/results/prompt-quality-h200-smollm2.json).
+OPENERS = {
+    "en": [
+        "Explain", "Write", "How do I", "What is the difference between", "Can you help me", "Give me",
+        "Why does", "List", "Summarize", "I need", "Create", "Describe", "What are", "Please",
+        "Compare", "Suggest", "Translate", "Is it true that",
+    ],
+    "zh": [
+        "请", "请问", "帮我", "我想", "如何", "为什么", "什么是", "请解释", "写一", "给我", "你能",
+        "怎样", "我需要", "有没有", "请列出", "比较", "请总结", "能不能",
+    ],
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -88,15 +105,25 @@ class Steer:
     persona: str
     task: str
     system: str
+    opener: str = ""  # the first words of the first user turn, or "" (the target writes it all)
 
     def summary(self) -> dict:
         return {"language": self.language, "tools": self.tools is not None, "topic": self.topic,
-                "persona": self.persona, "task": self.task}  # fmt: skip
+                "persona": self.persona, "task": self.task, "opener": self.opener}  # fmt: skip
 
 
-def steer(index: int, *, seed: int, chinese_share: float, tool_share: float, tool_sets: dict) -> Steer:
+def steer(
+    index: int,
+    *,
+    seed: int,
+    chinese_share: float,
+    tool_share: float,
+    tool_sets: dict,
+    opener_share: float = 0.0,
+) -> Steer:
     """The steer of conversation `index`; `tool_sets` maps a language to its tool-schema JSON texts
-    (a language without any borrows the other's)."""
+    (a language without any borrows the other's). An opener (`OPENERS`) at `opener_share`, drawn after
+    everything else, so the other fields are those of `opener_share` 0."""
     rng = random.Random(f"eyas-prompts:{seed}:{index}")  # a str seed is hashed with sha512: stable
     language = "zh" if rng.random() < chinese_share else "en"
     wants_tools = rng.random() < tool_share
@@ -110,12 +137,19 @@ def steer(index: int, *, seed: int, chinese_share: float, tool_share: float, too
         tools = rng.choice(choices)
     templates = (TOOL_TEMPLATES if tools else SYSTEM_TEMPLATES)[language]
     system = rng.choice(templates).format(topic=topic, persona=persona, task=task)
-    return Steer(language, tools, topic, persona, task, system)
+    opener = rng.choice(OPENERS[language]) if rng.random() < opener_share else ""
+    return Steer(language, tools, topic, persona, task, system, opener)
 
 
-def plan(count: int, *, seed: int, chinese_share: float, tool_share: float, tool_sets: dict) -> list[Steer]:
+def plan(
+    count: int,
+    *,
+    seed: int,
+    chinese_share: float,
+    tool_share: float,
+    tool_sets: dict,
+    opener_share: float = 0.0,
+) -> list[Steer]:
     """The steers of conversations 0 .. count - 1."""
-    return [
-        steer(i, seed=seed, chinese_share=chinese_share, tool_share=tool_share, tool_sets=tool_sets)
-        for i in range(count)
-    ]
+    shares = dict(chinese_share=chinese_share, tool_share=tool_share, opener_share=opener_share)
+    return [steer(i, seed=seed, tool_sets=tool_sets, **shares) for i in range(count)]

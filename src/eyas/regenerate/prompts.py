@@ -83,17 +83,23 @@ def _write_answers(live, generate_answer, tokenizer, stats) -> None:
 
 
 def _write_user_turns(live, turn, generate_user, tokenizer, limits, duplicates, rejects, stats) -> None:
-    prompts = [
-        user_turn_prefix(
-            tokenizer, [{"role": "system", "content": c.steer.system}, *c.messages], c.steer.tools
-        )
+    """Each live conversation's next user turn; the first starts with the steer's opener, if any, which
+    the target continues (the turn written out holds both)."""
+    openers = [
+        tokenizer.encode(c.steer.opener, add_special_tokens=False) if turn == 0 and c.steer.opener else []
         for c in live
     ]
-    for conversation, tokens in zip(live, generate_user(prompts), strict=True):
+    histories = [[{"role": "system", "content": c.steer.system}, *c.messages] for c in live]
+    prompts = [
+        user_turn_prefix(tokenizer, history, c.steer.tools) + opener
+        for c, history, opener in zip(live, histories, openers, strict=True)
+    ]
+    for conversation, opener, tokens in zip(live, openers, generate_user(prompts), strict=True):
         stats["turns_written"] += 1
         stats["new_tokens"] += len(tokens)
-        text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        problem = check_turn(text, len(tokens), conversation.steer.language, limits) or duplicates.check(text)
+        text = tokenizer.decode(opener + list(tokens), skip_special_tokens=True).strip()
+        wanted = conversation.steer.language
+        problem = check_turn(text, len(tokens), wanted, limits, given=len(opener)) or duplicates.check(text)
         if problem is not None:
             stats["turns_rejected"] += 1
             stats["by_reason"][problem[0]] += 1
@@ -207,6 +213,7 @@ def run_prompts(
         chinese_share=settings.chinese_share,
         tool_share=settings.tool_share,
         tool_sets=tool_sets,
+        opener_share=settings.opener_share,
     )
     limits = TurnLimits(
         settings.max_new_tokens,
