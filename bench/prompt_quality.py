@@ -103,6 +103,7 @@ def write_sample(args) -> tuple[Path, float]:
             "max_tokens",
             "batch_size",
             "opener_share",
+            "chinese_share",
         )
         if getattr(args, k) is not None
     }
@@ -141,6 +142,7 @@ def main() -> None:
         ("max-tokens", int),
         ("batch-size", int),
         ("opener-share", float),
+        ("chinese-share", float),
     ):
         ap.add_argument(f"--{name}", type=kind, help="--write: prompts setting (default: the config's)")
     ap.add_argument("--backend", choices=["hf", "sglang"], help="--write: prompts.backend")
