@@ -382,8 +382,10 @@ class PromptSettings:
     """Share of conversations given tool schemas from `tool_files` to write a request that needs them."""
     opener_share: float = bounded(0.0, ge=0, le=1)
     """Share of conversations whose first user turn starts with a few words in the steer's language
-    (`eyas.regenerate.mix.OPENERS`, e.g. "请解释", "How do I") that the target continues: a small
-    model follows the language of the text it continues far more than a system prompt's."""
+    (`eyas.regenerate.mix.OPENERS`, e.g. "请解释", "How do I") that the target continues: varied
+    openings, and the steer's language kept where a system prompt alone did not hold it. SmolLM2-135M
+    kept 86% of English turns with an opener against 73% without
+    (bench/results/prompt-openers-cpu-smollm2.json)."""
     tool_files: list[str] = field(
         default_factory=lambda: [
             "llamafactory:glaive_toolcall_en_demo.json",

@@ -78,10 +78,11 @@ TOOL_TEMPLATES = {
     ],
 }
 LANGUAGES = ("en", "zh")
-# The first words of a user turn, written for the target to continue (`opener_share`): a small model
-# follows a system prompt's "write in Chinese" far less than the language of the text it continues
-# (SmolLM2-135M wrote English for nearly every Chinese steer: 181 of 800 turns rejected as the wrong
-# language, H200, bench/results/prompt-quality-h200-smollm2.json).
+# The first words of a user turn, written for the target to continue (`opener_share`). SmolLM2-135M
+# opened 21% of its requests with "I'm" and 17% with "Can you" without them, 7% at most with one
+# opener; it stays in the opener's language where a system prompt's "write in Chinese" did not hold
+# (wrong-language rejections 28 -> 1 of 192), though its Chinese is then broken and runs on until cut
+# off (CPU, bench/results/prompt-openers-cpu-smollm2.json).
 OPENERS = {
     "en": [
         "Explain", "Write", "How do I", "What is the difference between", "Can you help me", "Give me",
