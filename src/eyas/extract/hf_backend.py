@@ -25,11 +25,11 @@ from tqdm import tqdm
 from eyas.core.logs import Progress
 from eyas.extract.batching import BATCH_OVERHEAD_TOKENS, CPU_BATCH_OVERHEAD_TOKENS, BatchPlan, plan_batches
 from eyas.extract.job import default_writer_threads, open_job, peak_rss_bytes, store_attrs, stored_bytes
-from eyas.extract.staging import PinnedPool, StagedBatch, stage_batch, staging_resources
-from eyas.extract.writer import BatchWriter, empty_rows
+from eyas.extract.staging import PinnedPool, StagedBatch, stage_batch
+from eyas.extract.writer import StoreWriter, empty_rows
 from eyas.model.capture import TapCapture, base_decoder
 from eyas.model.target import load_target
-from eyas.store import CHUNK_TOKENS, TokenShard, hidden_store_writer
+from eyas.store import CHUNK_TOKENS, TokenShard
 from eyas.store.quant import check_storage
 
 log = logging.getLogger("eyas.extract")
@@ -101,43 +101,39 @@ def run_extraction(
     device = next(model.parameters()).device if model is not None else torch.device("cpu")
     groups = len(layer_ids) + 1
     start = time.perf_counter()
-    with hidden_store_writer(
-        out_store,
-        shard.sample_offsets,
-        hidden,
-        len(layer_ids),
-        attrs,
-        chunk_tokens,
-        storage,
-        chunks_per_shard,
-        compression,
-    ) as store:
-        pool, copy_stream = staging_resources(device)
-        writer = BatchWriter(store, pool, writer_threads)
+    store_args = dict(
+        path=out_store, sample_offsets=shard.sample_offsets, hidden_size=hidden, num_taps=len(layer_ids),
+        attrs=attrs, chunk_tokens=chunk_tokens, storage=storage, chunks_per_shard=chunks_per_shard,
+        compression=compression,
+    )  # fmt: skip
+    writer = StoreWriter(store_args, device, writer_threads)
+    capture, bar = None, tqdm(total=plan.real_tokens, unit="tok", desc=label, disable=not progress)
+    lines = Progress(log, f"extract {out_store}", plan.real_tokens, "tok")
+    try:
         capture = TapCapture(model, layer_ids, final=True) if model is not None else None
-        bar = tqdm(total=plan.real_tokens, unit="tok", desc=label, disable=not progress)
-        lines = Progress(log, f"extract {out_store}", plan.real_tokens, "tok")
-        try:
-            if plan.empty:
-                writer.put(empty_rows(plan.empty, groups, hidden, storage))
-            for indices in plan.batches:
-                staged, tokens = run_batch(model, capture, shard, indices, device, storage, pool, copy_stream)
-                writer.put(staged)
-                bar.update(tokens)
-                lines.update(tokens)
-            writer.close()
-        except BaseException as err:
-            writer.abort()
-            err.add_note(f"extract: while writing hidden store {out_store} (not created)")
-            raise
-        finally:
-            bar.close()
-            if capture is not None:
-                capture.remove()
+        if plan.empty:
+            writer.put(empty_rows(plan.empty, groups, hidden, storage))
+        for indices in plan.batches:
+            staged, tokens = run_batch(
+                model, capture, shard, indices, device, storage, writer.pool, writer.copy_stream
+            )
+            writer.put(staged)
+            bar.update(tokens)
+            lines.update(tokens)
+        writer.close()
+    except BaseException as err:
+        writer.abort()
+        err.add_note(f"extract: while writing hidden store {out_store} (not created)")
+        raise
+    finally:
+        bar.close()
+        if capture is not None:
+            capture.remove()
     return {
         "seconds": time.perf_counter() - start,
         "writer_wait_seconds": writer.wait_seconds,
-        "peak_pending_chunks": store.peak_pending_chunks,
+        "peak_pending_chunks": writer.peak_pending_chunks,
+        **writer.stats,
     }
 
 
@@ -213,13 +209,9 @@ def extract_shard(
         progress=progress, label=Path(token_shard).name,
     )  # fmt: skip
     stats = extraction_stats(plan, out_store, shard.num_samples, len(layer_ids), hidden, timing["seconds"])
-    return stats | {
-        "load_seconds": load_seconds,
-        "writer_wait_seconds": timing["writer_wait_seconds"],
-        "peak_pending_chunks": timing["peak_pending_chunks"],
-        "storage": storage,
-        "writer_threads": writer_threads,
-    }
+    writing = {key: value for key, value in timing.items() if key != "seconds"}  # the writer's figures
+    run = {"load_seconds": load_seconds, "storage": storage, "writer_threads": writer_threads}
+    return stats | writing | run
 
 
 def extract_device(device: str) -> torch.device:

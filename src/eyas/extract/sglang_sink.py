@@ -10,7 +10,6 @@ rename) and leaves the run's stats for the job process (`RowSink.close`)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -20,9 +19,9 @@ import torch
 
 from eyas.core.atomic import atomic_file
 from eyas.extract.job import peak_rss_bytes
-from eyas.extract.staging import stage_batch, staging_resources
-from eyas.extract.writer import BatchWriter, empty_rows
-from eyas.store import hidden_store_writer, read_token_shard
+from eyas.extract.staging import stage_batch
+from eyas.extract.writer import StoreWriter, empty_rows
+from eyas.store import read_token_shard
 
 
 class PrefixReuseError(RuntimeError):
@@ -78,22 +77,18 @@ class RowSink:
         self.received = np.zeros(len(self.lengths), dtype=np.int64)
         self.remaining = int(np.count_nonzero(self.lengths))
         self.forwards = 0
-        self._stack = contextlib.ExitStack()
-        self.store = self._stack.enter_context(
-            hidden_store_writer(
-                spec.store,
-                shard.sample_offsets,
-                spec.hidden,
-                spec.num_taps,
-                spec.attrs,
-                spec.chunk_tokens,
-                spec.storage,
-                spec.chunks_per_shard,
-                spec.compression,
-            )
+        store_args = dict(
+            path=spec.store,
+            sample_offsets=shard.sample_offsets,
+            hidden_size=spec.hidden,
+            num_taps=spec.num_taps,
+            attrs=spec.attrs,
+            chunk_tokens=spec.chunk_tokens,
+            storage=spec.storage,
+            chunks_per_shard=spec.chunks_per_shard,
+            compression=spec.compression,
         )
-        self.pool, self.copy_stream = staging_resources(device)
-        self.writer = BatchWriter(self.store, self.pool, spec.writer_threads, shard_ids=shard.input_ids)
+        self.writer = StoreWriter(store_args, device, spec.writer_threads, shard_ids=shard.input_ids)
         empty = np.flatnonzero(self.lengths == 0).tolist()
         if empty:
             self.writer.put(empty_rows(empty, spec.num_taps + 1, spec.hidden, spec.storage))
@@ -105,10 +100,9 @@ class RowSink:
             return
         try:
             self._take(pieces, aux, final, input_ids)
-        except BaseException as err:
+        except BaseException:
             self.closed = True
-            self.writer.abort()
-            self._stack.__exit__(type(err), err, err.__traceback__)  # the unfinished store is removed
+            self.writer.abort()  # the unfinished store is removed
             raise
 
     def _take(self, pieces, aux, final, input_ids) -> None:
@@ -138,8 +132,8 @@ class RowSink:
             list(aux.unbind(2)),
             final,
             self.spec.storage,
-            self.pool,
-            self.copy_stream,
+            self.writer.pool,
+            self.writer.copy_stream,
             token_ids=input_ids[:rows],
         )
         staged.pieces = pieces
@@ -151,19 +145,15 @@ class RowSink:
     def close(self) -> None:
         """Drain the writer, finish the store (atomic rename) and leave the run's stats for the job."""
         self.closed = True
-        try:
-            self.writer.close()
-        except BaseException as err:
-            self._stack.__exit__(type(err), err, err.__traceback__)
-            raise
-        self._stack.close()
+        self.writer.close()  # the store is removed when this fails
         seconds = time.perf_counter() - self.start
         stats = {
             "capture_seconds": seconds,
             "forwards": self.forwards,
             "writer_wait_seconds": self.writer.wait_seconds,
-            "peak_pending_chunks": self.store.peak_pending_chunks,
+            "peak_pending_chunks": self.writer.peak_pending_chunks,
             "scheduler_peak_rss_bytes": peak_rss_bytes(),
+            **self.writer.stats,
         }
         with atomic_file(self.spec.stats_path) as fh:
             json.dump(stats, fh)

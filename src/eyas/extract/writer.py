@@ -6,10 +6,14 @@ whole chunks (`HiddenStoreWriter` is not thread-safe). Full chunks go to a threa
 compresses and writes disjoint chunks in parallel: Blosc and file writes release the GIL.
 zarr + zstd cost ~4 cores per GB/s of hidden states (zarr-python alone writes ~260 MB per CPU-second
 even without a codec), so the pool is sized from the job's threads.
+
+`RowWriter` is that assembly without the thread, on host arrays: `BatchWriter` runs it on its thread
+in the model's process (`StoreWriter`: the store and that thread, opened together).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -19,8 +23,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from eyas.extract.staging import PinnedPool, StagedBatch
-from eyas.store import HiddenStoreWriter
+from eyas.extract.staging import PinnedPool, StagedBatch, staging_resources
+from eyas.store import HiddenStoreWriter, hidden_store_writer
 
 QUEUE_BATCHES = 2  # batches waiting for the writer: enough to hide jitter, bounded for memory
 
@@ -59,7 +63,78 @@ class ChunkPool:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-class BatchWriter:
+def _host(array) -> np.ndarray | None:
+    """A staged tensor on the host as numpy (the writer process hands numpy views already)."""
+    return array if array is None or isinstance(array, np.ndarray) else array.numpy()
+
+
+class RowWriter:
+    """Staged batches' rows into the store, on the calling thread; whole chunks through the pool."""
+
+    def __init__(self, store: HiddenStoreWriter, writer_threads: int, shard_ids: np.ndarray | None = None):
+        """`shard_ids`: the token shard's flat input_ids; pieces' token ids are checked against them."""
+        if writer_threads < 1:
+            raise ValueError(f"extract: writer_threads must be >= 1, got {writer_threads}")
+        self.store, self.shard_ids = store, shard_ids
+        self.kh = store.widths["aux"]
+        self.chunks = ChunkPool(store, writer_threads) if writer_threads > 1 else None
+
+    @property
+    def peak_pending_chunks(self) -> int:
+        return self.store.peak_pending_chunks
+
+    def write(self, item: StagedBatch) -> None:
+        """One staged batch into the store (waiting for its copy first); a piece's token ids that differ
+        from the shard's are refused, naming the sample."""
+        self._write(item)
+
+    def _write(self, item: StagedBatch) -> None:
+        if item.ready is not None:
+            item.ready.synchronize()
+        rows = _host(item.rows)  # [B, T, (K+1)H] uint16 (bf16 bits) or uint8 (e4m3 bits)
+        scale = _host(item.scale)  # [B, T, K+1] float32, or None
+        if item.pieces is not None:
+            self._write_pieces(item, rows[0], None if scale is None else scale[0])
+            return
+        for b, (index, n) in enumerate(zip(item.indices, item.lengths, strict=True)):
+            aux, final = rows[b, :n, : self.kh], rows[b, :n, self.kh :]
+            if scale is None:
+                self.store.write_sample(index, aux, final)
+            else:
+                self.store.write_sample(index, aux, final, scale[b, :n])
+
+    def _write_pieces(self, item: StagedBatch, rows: np.ndarray, scale: np.ndarray | None) -> None:
+        ids = _host(item.token_ids)  # [T]
+        for index, start, row, n in item.pieces:
+            if ids is not None and self.shard_ids is not None:
+                lo = int(self.store.offsets[index]) + start
+                want, got = self.shard_ids[lo : lo + n], ids[row : row + n]
+                if not np.array_equal(want, got):
+                    at = int(np.flatnonzero(want != got)[0])
+                    raise ValueError(
+                        f"sample {index}: rows [{start}, {start + n}) were computed for other tokens "
+                        f"than the shard's (token {start + at}: {got[at]} != {want[at]})"
+                    )
+            part = rows[row : row + n]
+            self.store.write_rows(
+                index,
+                start,
+                part[:, : self.kh],
+                part[:, self.kh :],
+                None if scale is None else scale[row : row + n],
+            )
+
+    def close_chunks(self) -> None:
+        """Wait for every chunk on disk; re-raise a chunk's error."""
+        if self.chunks is not None:
+            self.chunks.close()
+
+    def abort_chunks(self) -> None:
+        if self.chunks is not None:
+            self.chunks.abort()
+
+
+class BatchWriter(RowWriter):
     """The one thread that owns the HiddenStoreWriter, fed through a bounded queue."""
 
     def __init__(
@@ -70,11 +145,8 @@ class BatchWriter:
         shard_ids: np.ndarray | None = None,
     ):
         """`shard_ids`: the token shard's flat input_ids; pieces' token ids are checked against them."""
-        if writer_threads < 1:
-            raise ValueError(f"extract: writer_threads must be >= 1, got {writer_threads}")
-        self.store, self.pool, self.shard_ids = store, pool, shard_ids
-        self.kh = store.widths["aux"]
-        self.chunks = ChunkPool(store, writer_threads) if writer_threads > 1 else None
+        super().__init__(store, writer_threads, shard_ids)
+        self.pool = pool
         self.queue: queue.Queue[StagedBatch | None] = queue.Queue(maxsize=QUEUE_BATCHES)
         self.error: BaseException | None = None
         self.aborted = False
@@ -97,42 +169,6 @@ class BatchWriter:
                     for buffer in item.buffers:
                         self.pool.release(buffer)
 
-    def _write(self, item: StagedBatch) -> None:
-        if item.ready is not None:
-            item.ready.synchronize()
-        rows = item.rows.numpy()  # [B, T, (K+1)H] uint16 (bf16 bits) or uint8 (e4m3 bits)
-        scale = item.scale.numpy() if item.scale is not None else None  # [B, T, K+1]
-        if item.pieces is not None:
-            self._write_pieces(item, rows[0], None if scale is None else scale[0])
-            return
-        for b, (index, n) in enumerate(zip(item.indices, item.lengths, strict=True)):
-            aux, final = rows[b, :n, : self.kh], rows[b, :n, self.kh :]
-            if scale is None:
-                self.store.write_sample(index, aux, final)
-            else:
-                self.store.write_sample(index, aux, final, scale[b, :n])
-
-    def _write_pieces(self, item: StagedBatch, rows: np.ndarray, scale: np.ndarray | None) -> None:
-        ids = item.token_ids.numpy() if item.token_ids is not None else None  # [T]
-        for index, start, row, n in item.pieces:
-            if ids is not None and self.shard_ids is not None:
-                lo = int(self.store.offsets[index]) + start
-                want, got = self.shard_ids[lo : lo + n], ids[row : row + n]
-                if not np.array_equal(want, got):
-                    at = int(np.flatnonzero(want != got)[0])
-                    raise ValueError(
-                        f"sample {index}: rows [{start}, {start + n}) were computed for other tokens "
-                        f"than the shard's (token {start + at}: {got[at]} != {want[at]})"
-                    )
-            part = rows[row : row + n]
-            self.store.write_rows(
-                index,
-                start,
-                part[:, : self.kh],
-                part[:, self.kh :],
-                None if scale is None else scale[row : row + n],
-            )
-
     def put(self, item: StagedBatch) -> None:
         start = time.perf_counter()
         try:
@@ -154,8 +190,7 @@ class BatchWriter:
         """Drain the queue, wait for every chunk on disk, re-raise a writer error."""
         self.queue.put(None)
         self.thread.join()
-        if self.chunks is not None:
-            self.chunks.close()
+        self.close_chunks()
         self._raise()
 
     def abort(self) -> None:
@@ -163,8 +198,61 @@ class BatchWriter:
         self.aborted = True
         self.queue.put(None)
         self.thread.join()
-        if self.chunks is not None:
-            self.chunks.abort()
+        self.abort_chunks()
+
+
+class StoreWriter:
+    """The store and its writer thread, opened together in this process: `close` drains the writer and
+    finishes the store (`hidden_store_writer`: written under a temporary name, renamed when complete),
+    `abort` removes the unfinished store. `pool` and `copy_stream` are what `stage_batch` copies with."""
+
+    def __init__(
+        self, store_args: dict, device: torch.device, writer_threads: int, shard_ids: np.ndarray | None = None
+    ):
+        self._stack, self.closed = contextlib.ExitStack(), False
+        self.store = self._stack.enter_context(hidden_store_writer(**store_args))
+        self.pool, self.copy_stream = staging_resources(device)
+        try:
+            self.writer = BatchWriter(self.store, self.pool, writer_threads, shard_ids)
+        except BaseException as err:
+            self._exit(err)
+            raise
+
+    @property
+    def wait_seconds(self) -> float:
+        return self.writer.wait_seconds
+
+    @property
+    def peak_pending_chunks(self) -> int:
+        return self.store.peak_pending_chunks
+
+    @property
+    def stats(self) -> dict:
+        """Figures of the writer beyond `wait_seconds` and `peak_pending_chunks`."""
+        return {}
+
+    def put(self, item: StagedBatch) -> None:
+        self.writer.put(item)
+
+    def _exit(self, err: BaseException) -> None:
+        self._stack.__exit__(type(err), err, err.__traceback__)  # the unfinished store is removed
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.writer.close()
+        except BaseException as err:
+            self._exit(err)
+            raise
+        self._stack.close()
+
+    def abort(self) -> None:
+        """Stop writing and remove the unfinished store; nothing to do after `close`."""
+        if self.closed:
+            return
+        self.closed = True
+        self.writer.abort()
+        self._exit(RuntimeError("extract: the store writer was aborted"))
 
 
 def empty_rows(indices: list[int], groups: int, hidden: int, storage: str) -> StagedBatch:
