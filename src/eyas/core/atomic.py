@@ -13,8 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def _tmp_sibling(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def tmp_sibling(path: str | os.PathLike, pid: int | None = None) -> Path:
+    """Where process `pid` (this one by default) writes `path` before the rename: a process that
+    waits on a killed writer removes what it left."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp-{os.getpid() if pid is None else pid}")
 
 
 @contextlib.contextmanager
@@ -22,7 +25,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary directory that becomes `path` on success (replacing any old one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_sibling(path)
+    tmp = tmp_sibling(path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -52,7 +55,7 @@ def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator:
     """Open a temporary file that becomes `path` on success; fsynced before the rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_sibling(path)
+    tmp = tmp_sibling(path)
     encoding = None if "b" in mode else "utf-8"
     try:
         with open(tmp, mode, encoding=encoding) as fh:
@@ -74,7 +77,7 @@ def atomic_path(path: str | os.PathLike) -> contextlib.AbstractContextManager[Pa
 @contextlib.contextmanager
 def _atomic_path(path: Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_sibling(path)
+    tmp = tmp_sibling(path)
     try:
         yield tmp
     except BaseException:

@@ -3,7 +3,8 @@
 The copy runs on a side stream into reused pinned buffers, so the next forward starts at once and
 the transfer overlaps it; an event tells the writer when the bytes have landed. Allocating pinned
 memory per batch cost a 1.5B-shape target 36% of its prefill speed on an H200, hence the pool. A batch
-takes one buffer (rows, scales and token ids at aligned offsets in it).
+takes one buffer (rows, scales and token ids at aligned offsets in it); the writer process's pool
+(`eyas.extract.writer_process.SegmentPool`) hands out page-locked shared memory the same way.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class StagedBatch:
     taps in layer_ids order then the final state. scale [B, T, K+1] float32 for fp8, else None.
     Whole samples: row b holds sample indices[b], lengths[b] rows. Pieces (SGLang's packed extend
     batches, B = 1): `pieces` lists (sample, first row within the sample, row in `rows`, count), and
-    `token_ids` [T] are the tokens the rows were computed for, checked against the shard's.
+    `token_ids` [T] are the tokens the rows were computed for, checked against the shard's. In the
+    writer process the same fields are numpy views of shared memory.
     """
 
     indices: list[int]
@@ -120,8 +122,8 @@ def stage_batch(
     copy_stream: torch.cuda.Stream | None,
     token_ids: torch.Tensor | None = None,
 ) -> StagedBatch:
-    """Encode on the device, then (CUDA) copy into one buffer of `pool` (pinned host memory) on
-    `copy_stream`.
+    """Encode on the device, then (CUDA) copy into one buffer of `pool` (pinned host memory: a
+    `PinnedPool` or the writer process's `SegmentPool`) on `copy_stream`.
     `token_ids` (optional, any integer dtype) travel beside the rows for the writer's check."""
     rows, scale = encode_batch(taps, final, storage)
     if final.device.type != "cuda":

@@ -8,7 +8,8 @@ zarr + zstd cost ~4 cores per GB/s of hidden states (zarr-python alone writes ~2
 even without a codec), so the pool is sized from the job's threads.
 
 `RowWriter` is that assembly without the thread, on host arrays: `BatchWriter` runs it on its thread
-in the model's process (`StoreWriter`: the store and that thread, opened together).
+in the model's process (`StoreWriter`: the store and that thread), `eyas.extract.writer_process` in a
+child process (`extract.writer_process`; its `open_store_writer` picks one or the other).
 """
 
 from __future__ import annotations
@@ -204,7 +205,8 @@ class BatchWriter(RowWriter):
 class StoreWriter:
     """The store and its writer thread, opened together in this process: `close` drains the writer and
     finishes the store (`hidden_store_writer`: written under a temporary name, renamed when complete),
-    `abort` removes the unfinished store. `pool` and `copy_stream` are what `stage_batch` copies with."""
+    `abort` removes the unfinished store. `eyas.extract.writer_process.ProcessWriter` is the same with
+    the store in a child process. `pool` and `copy_stream` are what `stage_batch` copies with."""
 
     def __init__(
         self, store_args: dict, device: torch.device, writer_threads: int, shard_ids: np.ndarray | None = None
@@ -228,7 +230,7 @@ class StoreWriter:
 
     @property
     def stats(self) -> dict:
-        """Figures of the writer beyond `wait_seconds` and `peak_pending_chunks`."""
+        """Figures of the writer beyond `wait_seconds` and `peak_pending_chunks` (the process's)."""
         return {}
 
     def put(self, item: StagedBatch) -> None:
