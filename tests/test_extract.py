@@ -217,6 +217,25 @@ def test_padded_batches_match_reference(
         torch.testing.assert_close(final.float(), _bf16(hidden_states[-1]), rtol=8e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("storage", ["bf16", "fp8_e4m3"])
+def test_writer_process_writes_the_thread_writers_store(tmp_path, token_shard, tiny_model_dir, storage):
+    """`extract.writer_process`: whole-sample padded batches through a child process give the store the
+    writer threads give, byte for byte (chunks, metadata, attrs); the child's figures come back."""
+    kwargs = dict(token_budget=256, storage=storage, chunks_per_shard=2, writer_threads=2)
+    threads = _extract(token_shard, tmp_path / "t.zarr", tiny_model_dir, **kwargs)
+    process = _extract(token_shard, tmp_path / "p.zarr", tiny_model_dir, writer_process=True, **kwargs)
+
+    def files(store: str) -> dict[str, bytes]:
+        root = tmp_path / store
+        return {str(f.relative_to(root)): f.read_bytes() for f in root.rglob("*") if f.is_file()}
+
+    assert files("p.zarr") == files("t.zarr") and len(files("p.zarr")) > 4
+    assert process["writer_process"] and not threads["writer_process"]
+    assert process["peak_pending_chunks"] == threads["peak_pending_chunks"] > 0
+    assert process["writer_process_batches"] == process["batches"] > 1
+    assert not list(tmp_path.glob(".*.zarr*"))  # no temporary left beside the stores
+
+
 def test_fp8_storage_round_trip(tmp_path, token_shard, tiny_model_dir, reference, samples):
     """fp8_e4m3 stores about half the bytes; what it reads back is within e4m3's rounding."""
     exact = _extract(token_shard, tmp_path / "bf16.zarr", tiny_model_dir, token_budget=1)
@@ -357,6 +376,22 @@ def test_cuda_fp8_matches_cpu_fp8(tmp_path, token_shard, tiny_model_dir):
     for s in range(cpu.num_samples):
         for a, b in zip(cpu.sample(s), gpu.sample(s), strict=True):
             assert float(((a - b).norm(dim=-1) / a.norm(dim=-1)).max()) < 0.07
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("storage", ["bf16", "fp8_e4m3"])
+def test_cuda_writer_process_writes_the_thread_writers_store(tmp_path, token_shard, tiny_model_dir, storage):
+    """On CUDA the batches reach the writer process through page-locked shared memory: the same store."""
+    kwargs = dict(device="cuda", dtype="float32", token_budget=64, storage=storage, writer_threads=2)
+    _extract(token_shard, tmp_path / "t.zarr", tiny_model_dir, **kwargs)
+    stats = _extract(token_shard, tmp_path / "p.zarr", tiny_model_dir, writer_process=True, **kwargs)
+    assert stats["writer_process_batches"] == stats["batches"] > 1
+
+    def files(store: str) -> dict[str, bytes]:
+        root = tmp_path / store
+        return {str(f.relative_to(root)): f.read_bytes() for f in root.rglob("*") if f.is_file()}
+
+    assert files("p.zarr") == files("t.zarr")
 
 
 @pytest.mark.gpu

@@ -4,7 +4,11 @@ The same code on real sglang classes: tests/sglang/; on the GPU: tests/gpu/."""
 
 from __future__ import annotations
 
+import glob
 import json
+import multiprocessing
+import sys
+import types
 from dataclasses import replace
 
 import numpy as np
@@ -22,7 +26,16 @@ from eyas.core.layer_ids import (
     vllm_layer_ids,
 )
 from eyas.extract.sglang_backend import capture_route, engine_args
-from eyas.extract.sglang_sink import CaptureSpec, PrefixReuseError, RowSink, batch_pieces, request_rid
+from eyas.extract.sglang_capture import install_capture
+from eyas.extract.sglang_sink import (
+    CaptureSpec,
+    PrefixReuseError,
+    RowSink,
+    batch_pieces,
+    is_warmup,
+    request_rid,
+    warmup_rid,
+)
 from eyas.store import HiddenStore
 from eyas.store.quant import fp8_dequantize, fp8_quantize
 
@@ -126,6 +139,10 @@ def test_batch_pieces_follow_prefix_and_extend_lengths_and_skip_foreign_requests
     pieces = batch_pieces(rids, [0, 0, 512, 0], [100, 4, 88, 1], PREFIX)
     assert pieces == [(7, 0, 0, 100), (2, 512, 104, 88), (11, 0, 192, 1)]
     assert batch_pieces(None, None, None, PREFIX) == []
+    assert is_warmup(["other", warmup_rid(PREFIX, 3)], PREFIX)
+    assert batch_pieces([warmup_rid(PREFIX, 3)], [0], [4], PREFIX) == []  # warm-up rows are not kept
+    assert not is_warmup(["warmup-eyas-other-job-1", request_rid(PREFIX, 3)], PREFIX)
+    assert not is_warmup(None, PREFIX)
 
 
 # --------------------------------------------------------------------------- the row sink on CPU
@@ -231,13 +248,100 @@ def test_a_first_piece_with_a_cached_prefix_is_an_error(tmp_path, shard):
     assert not list(tmp_path.glob("hidden.zarr*"))  # no temporary left as if finished
 
 
-def test_rows_computed_for_other_tokens_are_refused(tmp_path, shard):
+@pytest.mark.parametrize("writer_process", [False, True])
+def test_rows_computed_for_other_tokens_are_refused(tmp_path, shard, writer_process):
     path, samples = shard
-    spec = _spec(tmp_path, path)
+    spec = replace(_spec(tmp_path, path), writer_process=writer_process)
     sink = RowSink(spec, torch.device("cpu"))
     pieces, aux, final, ids = _forward(SCHEDULE[0], samples)
     ids[3] += 1  # sample 0, token 3: the engine computed a different sequence
     with pytest.raises(RuntimeError, match=r"sample 0: rows \[0, 5\) were computed for other tokens"):
         sink.take(pieces, aux, final, ids)
         sink.writer.close()
-    assert not (tmp_path / "hidden.zarr").exists()
+    assert not (tmp_path / "hidden.zarr").exists() and not list(tmp_path.glob(".hidden.zarr*"))
+    if writer_process:  # the child's error, in the parent; its shared memory unlinked
+        assert not glob.glob(f"/dev/shm/{sink.writer.prefix}*")
+
+
+@pytest.mark.parametrize("storage,chunks_per_shard", [("bf16", 1), ("fp8_e4m3", 1), ("fp8_e4m3", 3)])
+def test_row_sink_through_the_writer_process_writes_the_same_store(
+    tmp_path, shard, storage, chunks_per_shard
+):
+    """`writer_process`: the child finishes the store byte for byte as the threads do, before the
+    forward that completes the last sample returns, and the stats come back from it."""
+    path, samples = shard
+    files = {}
+    for process in (False, True):
+        out = tmp_path / f"process-{process}"
+        spec = replace(_spec(out, path, storage), chunks_per_shard=chunks_per_shard, writer_process=process)
+        sink = RowSink(spec, torch.device("cpu"))
+        for entries in SCHEDULE:
+            sink.take(*_forward(entries, samples))
+        assert sink.closed
+        store = out / "hidden.zarr"
+        files[process] = {str(f.relative_to(store)): f.read_bytes() for f in store.rglob("*") if f.is_file()}
+        stats = json.loads((out / "hidden.zarr.stats.json").read_text())
+        assert stats["forwards"] == len(SCHEDULE) and stats["peak_pending_chunks"] > 0
+        assert ("writer_process_batches" in stats) == process
+    assert files[True] == files[False]
+    assert not glob.glob(f"/dev/shm/{sink.writer.prefix}*")
+
+
+def _stand_in_runner(monkeypatch):
+    """A stand-in `sglang.srt.model_executor.model_runner` whose ModelRunner.forward returns the output
+    its batch carries (the real classes: tests/sglang/test_capture_hook.py)."""
+    for name in ("sglang", "sglang.srt", "sglang.srt.model_executor"):
+        package = types.ModuleType(name)
+        package.__path__ = []  # a package with no submodules: the dp_attention import fails, as on 0.5.17
+        monkeypatch.setitem(sys.modules, name, package)
+    module = types.ModuleType("sglang.srt.model_executor.model_runner")
+
+    class ModelRunner:
+        tp_rank, is_draft_worker = 0, False
+
+        def forward(self, forward_batch):
+            return forward_batch.output
+
+    module.ModelRunner = ModelRunner
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return ModelRunner
+
+
+def _extend(rids, starts, counts, aux, final, ids):
+    output = types.SimpleNamespace(hidden_states=aux, last_hidden_states=final)  # a LogitsProcessorOutput
+    return types.SimpleNamespace(
+        forward_mode=types.SimpleNamespace(is_extend=lambda: True),
+        rids=rids,
+        extend_prefix_lens_cpu=starts,
+        extend_seq_lens_cpu=counts,
+        input_ids=ids,
+        output=(output, False),  # (logits_output, can_run_graph) of releases before ModelRunnerOutput
+    )
+
+
+def test_the_hook_starts_the_writer_process_during_the_jobs_warm_up(tmp_path, shard, monkeypatch):
+    """`writer_process`: the row sink, and with it the writer's child process, starts at the first
+    forward of this job's warm-up (whose rows are not kept), so the child's start-up is not paid in the
+    timed requests; then the store is written as without it."""
+    path, samples = shard
+    runner_class = _stand_in_runner(monkeypatch)
+    spec = replace(_spec(tmp_path, path), writer_process=True)
+    install_capture(spec)
+    runner = runner_class()
+    names = lambda: [p.name for p in multiprocessing.active_children()]  # noqa: E731
+    assert "eyas-store-writer" not in names()
+    rows = (torch.randn(5, K * H), torch.randn(5, H), torch.zeros(5, dtype=torch.int64))
+    runner_class.forward(runner, _extend([warmup_rid(PREFIX, 0)], [0], [5], *rows))
+    assert "eyas-store-writer" in names()
+    for entries in SCHEDULE:
+        _, aux, final, ids = _forward(entries, samples)
+        rids, starts, counts = [e[0] for e in entries], [e[2] for e in entries], [e[3] for e in entries]
+        runner_class.forward(runner, _extend(rids, starts, counts, aux, final, ids))
+    store = HiddenStore(spec.store)
+    for sample, length in enumerate(LENGTHS):
+        aux, final = store.sample(sample)
+        want_aux, want_final = _states(length, sample)
+        assert torch.equal(aux, want_aux.bfloat16()) and torch.equal(final, want_final.bfloat16()), sample
+    stats = json.loads((tmp_path / "hidden.zarr.stats.json").read_text())
+    assert stats["forwards"] == len(SCHEDULE) and stats["writer_process_batches"] == len(SCHEDULE) + 1
+    assert "eyas-store-writer" not in names()

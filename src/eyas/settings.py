@@ -137,6 +137,13 @@ class ExtractSettings:
     Readers take either (the store's `compression` attribute says which)."""
     writer_threads: int | None = bounded(None, ge=1, le=1024)
     """Threads that compress and write chunks; null = the job's threads - 1."""
+    writer_process: bool = False
+    """Write the store from a child process instead of threads of the process that runs the model
+    (`eyas.extract.writer_process`): batches go through page-locked shared memory, so zarr's Python,
+    which holds the GIL, no longer takes time from SGLang's scheduler thread (with the writers' work
+    dropped, a 135M capture went from 0.62x to 0.78x of bare prefill on an H100,
+    bench/results/extraction-drop-h100-smollm2.json). The same store; needs /dev/shm room for four
+    batches of states (a container's default 64 MB is too small)."""
 
 
 @dataclass

@@ -8,7 +8,8 @@ the CausalLM would build [B, T, V] logits nobody reads.
 
 The pipeline: the main thread runs the model and encodes each batch on the device
 (`extract.staging`: side-stream copy into reused pinned buffers), a writer thread assembles whole
-chunks and a pool compresses and writes them (`extract.writer`). Bounded queues keep memory flat.
+chunks and a pool compresses and writes them (`extract.writer`; with `writer_process`, both in a child
+process, `extract.writer_process`). Bounded queues keep memory flat.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from eyas.core.logs import Progress
 from eyas.extract.batching import BATCH_OVERHEAD_TOKENS, CPU_BATCH_OVERHEAD_TOKENS, BatchPlan, plan_batches
 from eyas.extract.job import default_writer_threads, open_job, peak_rss_bytes, store_attrs, stored_bytes
 from eyas.extract.staging import PinnedPool, StagedBatch, stage_batch
-from eyas.extract.writer import StoreWriter, empty_rows
+from eyas.extract.writer import empty_rows
+from eyas.extract.writer_process import open_store_writer
 from eyas.model.capture import TapCapture, base_decoder
 from eyas.model.target import load_target
 from eyas.store import CHUNK_TOKENS, TokenShard
@@ -89,13 +91,15 @@ def run_extraction(
     chunks_per_shard: int = 1,
     compression: str = "zstd",
     writer_threads: int = 1,
+    writer_process: bool = False,
     progress: bool = False,
     label: str = "extract",
 ) -> dict:
     """Run `model` over `plan` and write the store atomically.
 
     Returns {"seconds": wall time, "writer_wait_seconds": time the model waited on the writer,
-    "peak_pending_chunks": most chunks held in memory at once, waiting for their last sample}.
+    "peak_pending_chunks": most chunks held in memory at once, waiting for their last sample}, and the
+    writer process's figures with `writer_process` (`eyas.extract.writer_process`).
     `model` is the loaded target (any device); it may be None only when the plan has no batches.
     """
     device = next(model.parameters()).device if model is not None else torch.device("cpu")
@@ -106,7 +110,7 @@ def run_extraction(
         attrs=attrs, chunk_tokens=chunk_tokens, storage=storage, chunks_per_shard=chunks_per_shard,
         compression=compression,
     )  # fmt: skip
-    writer = StoreWriter(store_args, device, writer_threads)
+    writer = open_store_writer(store_args, device, writer_threads, process=writer_process)
     capture, bar = None, tqdm(total=plan.real_tokens, unit="tok", desc=label, disable=not progress)
     lines = Progress(log, f"extract {out_store}", plan.real_tokens, "tok")
     try:
@@ -175,13 +179,15 @@ def extract_shard(
     chunks_per_shard: int = 1,
     compression: str = "zstd",
     writer_threads: int | None = None,
+    writer_process: bool = False,
     progress: bool = True,
     threads: int | None = None,
 ) -> dict:
     """Write the hidden store of `token_shard` to `out_store` (atomically) and return run stats.
 
     `threads` sets torch's intra-op threads (the Snakemake rule passes its `threads`) and, when
-    `writer_threads` is None, sizes the compression pool.
+    `writer_threads` is None, sizes the compression pool. `writer_process`: write the store from a
+    child process (`eyas.extract.writer_process`) instead of threads of this one.
     """
     if threads:
         torch.set_num_threads(threads)
@@ -205,13 +211,13 @@ def extract_shard(
     timing = run_extraction(
         model, shard, plan, out_store, layer_ids=layer_ids, hidden=hidden, attrs=attrs, storage=storage,
         chunk_tokens=chunk_tokens, chunks_per_shard=chunks_per_shard, compression=compression,
-        writer_threads=writer_threads,
+        writer_threads=writer_threads, writer_process=writer_process,
         progress=progress, label=Path(token_shard).name,
     )  # fmt: skip
     stats = extraction_stats(plan, out_store, shard.num_samples, len(layer_ids), hidden, timing["seconds"])
     writing = {key: value for key, value in timing.items() if key != "seconds"}  # the writer's figures
     run = {"load_seconds": load_seconds, "storage": storage, "writer_threads": writer_threads}
-    return stats | writing | run
+    return stats | writing | run | {"writer_process": writer_process}
 
 
 def extract_device(device: str) -> torch.device:

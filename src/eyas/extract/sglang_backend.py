@@ -34,7 +34,7 @@ from eyas.extract.job import (
     stored_bytes,
 )
 from eyas.extract.sglang_capture import scheduler_process
-from eyas.extract.sglang_sink import CaptureSpec, request_rid
+from eyas.extract.sglang_sink import CaptureSpec, request_rid, warmup_rid
 from eyas.store import CHUNK_TOKENS
 from eyas.store.quant import check_storage
 
@@ -128,6 +128,7 @@ def _capture_spec(
     chunks_per_shard: int,
     compression: str,
     writer_threads: int,
+    writer_process: bool = False,
 ) -> CaptureSpec:
     """What the scheduler process needs to write the store of `shard`: the store's provenance attrs,
     where the run's stats go (a stale stats file removed) and this job's request-id prefix."""
@@ -166,6 +167,7 @@ def _capture_spec(
         chunks_per_shard=chunks_per_shard,
         compression=compression,
         writer_threads=writer_threads,
+        writer_process=writer_process,
         rid_prefix=f"eyas-{uuid.uuid4().hex[:12]}-",
         route=route,
     )
@@ -196,7 +198,7 @@ def _serve_requests(
         engine.generate(
             input_ids=[shard.sample(i)[0].tolist() for i in warm],
             sampling_params={"max_new_tokens": 0},
-            rid=[f"warmup-{spec.rid_prefix}{i}" for i in warm],
+            rid=[warmup_rid(spec.rid_prefix, i) for i in warm],
         )
         load_seconds = time.perf_counter() - start
         progress = Progress(log, f"extract {out_store}", int(lengths.sum()), "tok")
@@ -240,9 +242,12 @@ def extract_shard_sglang(
     chunks_per_shard: int = 1,
     compression: str = "zstd",
     writer_threads: int | None = None,
+    writer_process: bool = False,
     threads: int | None = None,
 ) -> dict:
-    """Write the hidden store of `token_shard` with an SGLang engine; returns run stats."""
+    """Write the hidden store of `token_shard` with an SGLang engine; returns run stats.
+    `writer_process`: the store is written from a child of the engine's scheduler process
+    (`eyas.extract.writer_process`) instead of threads beside the scheduler."""
     import sglang
 
     route = capture_route(sglang.__version__)
@@ -270,6 +275,7 @@ def extract_shard_sglang(
         chunks_per_shard=chunks_per_shard,
         compression=compression,
         writer_threads=writer_threads if writer_threads is not None else default_writer_threads(threads),
+        writer_process=writer_process,
     )
     todo = np.flatnonzero(lengths > 0).tolist()
     if not todo:
@@ -300,5 +306,6 @@ def extract_shard_sglang(
         "bytes_stored": stored,
         "bytes_per_token": stored / tokens,
         "storage": storage,
+        "writer_process": writer_process,
         "peak_rss_bytes": peak_rss_bytes(),
     }

@@ -5,8 +5,10 @@ Runs in the engine's scheduler process (`eyas.extract.sglang_capture` feeds it) 
 extend batch belong to which of this job's samples and where in it (`batch_pieces`); the rows are
 encoded on the device, copied into reused pinned buffers on a side stream (`extract.staging`) and
 written by the same writer as the HF backend (`extract.writer`, `HiddenStoreWriter.write_rows`
-reassembles chunked prefill). The forward that completes the last sample finishes the store (atomic
-rename) and leaves the run's stats for the job process (`RowSink.close`)."""
+reassembles chunked prefill): threads of this process, or with `writer_process` a child process of the
+scheduler (`extract.writer_process`), where zarr's Python holds no GIL the scheduler needs. The forward
+that completes the last sample finishes the store (atomic rename) and leaves the run's stats for the
+job process (`RowSink.close`)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import torch
 from eyas.core.atomic import atomic_file
 from eyas.extract.job import peak_rss_bytes
 from eyas.extract.staging import stage_batch
-from eyas.extract.writer import StoreWriter, empty_rows
+from eyas.extract.writer import empty_rows
+from eyas.extract.writer_process import open_store_writer
 from eyas.store import read_token_shard
 
 
@@ -30,6 +33,16 @@ class PrefixReuseError(RuntimeError):
 
 def request_rid(prefix: str, index: int) -> str:
     return f"{prefix}{index}"
+
+
+def warmup_rid(prefix: str, index: int) -> str:
+    """The id of a warm-up request of this job: the hook skips its rows (`batch_pieces`)."""
+    return f"warmup-{prefix}{index}"
+
+
+def is_warmup(rids: list[str] | None, prefix: str) -> bool:
+    """Whether an extend batch holds a warm-up request of this job (`warmup_rid`)."""
+    return any(isinstance(rid, str) and rid.startswith(f"warmup-{prefix}") for rid in rids or ())
 
 
 def batch_pieces(
@@ -65,6 +78,7 @@ class CaptureSpec:
     route: str
     chunks_per_shard: int = 1
     compression: str = "zstd"
+    writer_process: bool = False
 
 
 class RowSink:
@@ -88,7 +102,14 @@ class RowSink:
             chunks_per_shard=spec.chunks_per_shard,
             compression=spec.compression,
         )
-        self.writer = StoreWriter(store_args, device, spec.writer_threads, shard_ids=shard.input_ids)
+        self.writer = open_store_writer(
+            store_args,
+            device,
+            spec.writer_threads,
+            process=spec.writer_process,
+            token_shard=spec.token_shard,
+            shard_ids=shard.input_ids,
+        )
         empty = np.flatnonzero(self.lengths == 0).tolist()
         if empty:
             self.writer.put(empty_rows(empty, spec.num_taps + 1, spec.hidden, spec.storage))

@@ -57,6 +57,7 @@ def run_extract(
         chunks_per_shard=settings.chunks_per_shard,
         compression=settings.compression,
         writer_threads=settings.writer_threads,
+        writer_process=settings.writer_process,
         model_id=model_id,
         trust_remote_code=trust_remote_code,
         threads=threads,
