@@ -10,11 +10,15 @@ stage's `extract_shard_sglang` on the same shard (hook, device encode, pinned co
 `extract.storage` of the config), once per variant (NAME=JSON: `extract` keys over the config's, e.g.
 `{"writer_threads": 4}`, `{"storage": "bf16"}`, and `{"sglang": {"requests_per_call": 4096}}` for the
 top-level `sglang` section). `{"discard_writes": true}` (bench only) keeps the capture up to the pinned
-copy and drops the writer's work (no encoding, no files): what the writers cost the scheduler at most.
-Each run in a fresh process. `--profile`: cProfile of the eyas variants'
-scheduler process (its main thread) from the first capture forward to the store's end, the top
-functions in the JSON. Reported: tokens a second after the engine is
-up (the stage's own `seconds`, which leave out start-up and warm-up) and end to end (the child's whole
+copy and drops the writer's work (no encoding, no files): what the writers cost the scheduler at most
+(the writer threads only). `{"writer_process": true}` writes the store from a child of the scheduler
+process instead (`eyas.extract.writer_process`), e.g.
+`--variant 'w7-proc={"writer_threads": 7, "chunks_per_shard": 16, "writer_process": true}'` beside
+`w7-s16` and `w7-s16-drop`: how much of the writers' cost the process takes away. Each run in a fresh
+process. `--profile`: cProfile of the eyas variants' scheduler process (its main thread) from the first
+capture forward (with `writer_process`, the first warm-up forward, where the row sink starts) to the
+store's end, the top functions in the JSON. Reported: tokens a second after the engine is up (the
+stage's own `seconds`, which leave out start-up and warm-up) and end to end (the child's whole
 process), and eyas / bare for both. The bare engine runs first and again after the variants; a
 variant's `ratio_to_bare` is against the faster of the two (`ratio_to_each_bare`: against each).
 `--tokens N` repeats the shard's samples up to N tokens (a small shard is over before it is timed).
@@ -203,6 +207,8 @@ def child_eyas(args) -> None:
     discard = overrides.pop("discard_writes", False)
     if discard and args.profile_out:
         raise SystemExit("extraction bench: discard_writes and --profile do not combine")
+    if discard and overrides.get("writer_process"):  # its child process would write all the same
+        raise SystemExit("extraction bench: discard_writes drops the writer threads' work, not a process's")
     if args.profile_out:
         sglang_backend.scheduler_process = functools.partial(profiled_scheduler_process, args.profile_out)
     if discard:
@@ -215,7 +221,8 @@ def child_eyas(args) -> None:
         layer_ids=_layer_ids(cfg, args.model), model_id=cfg.model_id,
         settings=cfg.sglang, trust_remote_code=cfg.model.trust_remote_code,
         storage=ex.storage, chunk_tokens=ex.chunk_tokens, chunks_per_shard=ex.chunks_per_shard,
-        compression=ex.compression, writer_threads=ex.writer_threads, threads=args.threads,
+        compression=ex.compression, writer_threads=ex.writer_threads, writer_process=ex.writer_process,
+        threads=args.threads,
     )  # fmt: skip
     settings = {"extract": dataclasses.asdict(ex), "sglang": dataclasses.asdict(cfg.sglang)}
     # what the store itself records: a setting the call above dropped shows here (the 2026-12-06 run's
