@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import multiprocessing
 import os
 import signal
 import time
@@ -250,6 +251,13 @@ def test_an_incomplete_store_fails_at_close_and_is_not_finished(tmp_path, shard)
     writer.abort()  # after a failed close: nothing left to do
     assert not (tmp_path / "h.zarr").exists() and not list(tmp_path.glob(".h.zarr*"))
     assert not _shm(writer) and writer.process.exitcode == 0
+
+
+def test_a_daemonic_process_is_refused_by_name(tmp_path, shard, monkeypatch):
+    """A daemon may start no process (SGLang's scheduler processes are not daemons: engine.py)."""
+    monkeypatch.setattr(multiprocessing.current_process(), "daemon", True)
+    with pytest.raises(RuntimeError, match="writer_process needs a process that may start one"):
+        _process(tmp_path / "h.zarr", shard[0])
 
 
 def test_a_killed_child_is_reported_not_waited_for(tmp_path, shard):

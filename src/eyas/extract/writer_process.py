@@ -3,28 +3,24 @@
 Why: SGLang's scheduler drives the GPU from one Python thread and, at a small target, is CPU-bound. The
 writer threads of `eyas.extract.writer` assemble chunks in numpy and zarr-python, holding the GIL for
 much of their work: on an H100 with a 135M target the capture ran at 0.62x of the engine's bare
-prefill, and at 0.78x with the writers' work dropped after the pinned copy
+prefill, 0.78x with the writers' work dropped after the pinned copy
 (bench/results/extraction-drop-h100-smollm2.json). Here the same `RowWriter` runs in a child process
-(started with `spawn`; it imports neither sglang nor CUDA). The child owns the store: it opens
-`hidden_store_writer`, writes every batch, finishes the store (atomic rename) at `close` and sends its
-figures back (`peak_pending_chunks` among them). `open_store_writer` picks it or the writer thread
-(`eyas.extract.writer.StoreWriter`) for both backends.
+(`spawn`; it imports neither sglang nor CUDA) that owns the store: it opens `hidden_store_writer`,
+writes every batch, finishes the store (atomic rename) at `close` and sends its figures back
+(`peak_pending_chunks` among them). `open_store_writer` picks it or the thread (`StoreWriter`).
 
 The model's side starts no thread and does little Python a batch. Batches land (on the CUDA side
-stream, as for the thread writer) in page-locked shared memory segments (`eyas.extract.shared_segments`,
-at most `MAX_SEGMENTS`: when all are in use the next batch waits, counted in `wait_seconds`). `put`
-records the batch and sends each batch whose copy event has completed (`Event.query`, which does not
-block) over a pipe as a small tuple: segment, offsets, shapes, dtypes, samples; never the bytes. The
-child maps a segment the first time a message names it and answers `free` once the batch is in the
-store. /dev/shm must hold `MAX_SEGMENTS` x 1.25 x the largest batch (SmolLM2's 8,192-token forwards:
-4 x 45 MiB in bf16, 4 x 23 MiB in fp8).
-
-Messages, parent to child: ("batch", segment, indices, lengths, pieces, arrays) with arrays the
-(offset, shape, dtype) of rows, scale and token ids (or None), ("forget", segment), ("close",),
-("abort",). Child to parent: ("free", segment), ("error", message), and last ("done", stats) or
-("failed", message, stats). A child's error reaches the parent's next `put` or `close` as a
-RuntimeError; a child that dies is noticed while the parent waits (its pipe ends, `is_alive`), and
-what it left of the store is removed. Segments are unlinked at `close` and `abort`, whatever happened.
+stream, as for the thread writer) in page-locked shared memory (`eyas.extract.shared_segments`, at most
+`MAX_SEGMENTS` segments: when all are in use the next batch waits, counted in `wait_seconds`; /dev/shm
+must hold 4 x 1.25 x the largest batch, for SmolLM2's 8,192-token forwards 4 x 45 MiB in bf16).
+`put` sends each batch whose copy event has completed (`Event.query`, which does not block) over a
+pipe, never its bytes: ("batch", segment, indices, lengths, pieces, arrays), arrays the (offset, shape,
+dtype) of rows, scale and token ids; then ("forget", segment) for a replaced segment, ("close",) or
+("abort",). The child maps a segment the first time it is named and answers ("free", segment) once
+the batch is in the store, ("error", message) when one fails, and last ("done", stats) or ("failed",
+message, stats). A child's error reaches the parent's next `put` or `close` as a RuntimeError; a child
+that dies is noticed while the parent waits (its pipe ends, `is_alive`) and what it left is removed.
+Segments are unlinked at `close` and `abort`, whatever happened.
 """
 
 from __future__ import annotations
@@ -76,6 +72,8 @@ class ProcessWriter:
     ):
         if writer_threads < 1:
             raise ValueError(f"extract: writer_threads must be >= 1, got {writer_threads}")
+        if multiprocessing.current_process().daemon:  # SGLang's scheduler processes are not
+            raise RuntimeError("extract: writer_process needs a process that may start one (not a daemon)")
         self.path, cuda = store_args["path"], device.type == "cuda"
         self.prefix = f"eyas-{os.getpid()}-{secrets.token_hex(3)}-"  # its /dev/shm entries
         self.copy_stream = torch.cuda.Stream(device) if cuda else None
@@ -103,6 +101,8 @@ class ProcessWriter:
     def put(self, item: StagedBatch) -> None:
         """Record the batch and send every batch whose copy has landed; never blocks on the child
         unless all segments are in use. The batch's host views are dropped: the writer owns it now."""
+        if self.closed:
+            raise RuntimeError("extract: a batch for a writer process already closed")
         self._reap()
         arrays = (item.rows, item.scale, item.token_ids)
         if item.ready is None:  # on the host already: copied into a segment here
@@ -131,7 +131,7 @@ class ProcessWriter:
             raise self._died() from None
 
     def _forget(self, name: str) -> None:
-        self._send(("forget", name))
+        self._send(("forget", name))  # a replaced segment: the child unmaps it
 
     def _reap(self, timeout: float = 0.0) -> None:
         """Take the child's replies (segments freed, an error, its last word); raise its error, or
