@@ -21,6 +21,7 @@ SIGBUS at the first write into the mapping.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable
 from multiprocessing.shared_memory import SharedMemory
@@ -51,6 +52,8 @@ def _reserve(name: str, size: int) -> None:
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EFBIG):  # a tmpfs that cannot reserve: used unreserved
+            return
         raise RuntimeError(
             f"extract: the writer process needs a {size / MIB:.0f} MiB shared memory segment and {SHM_DIR} "
             f"cannot hold it ({err.strerror}): give it more room (docker --shm-size) or set "
