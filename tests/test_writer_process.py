@@ -277,6 +277,26 @@ def test_a_killed_child_is_reported_not_waited_for(tmp_path, shard):
     assert not _shm(writer)
 
 
+def test_wait_ready_returns_once_the_child_has_opened_the_store(tmp_path, shard):
+    path, _ = shard
+    writer = _process(tmp_path / "h.zarr", path)
+    with _deadline(60):
+        writer.wait_ready()
+    assert writer.ready and tmp_sibling(tmp_path / "h.zarr", writer.process.pid).exists()
+    writer.abort()
+    assert not _shm(writer)
+
+
+def test_wait_ready_raises_the_childs_error_when_it_cannot_open_the_store(tmp_path, shard):
+    path, _ = shard
+    args = _store_args(tmp_path / "h.zarr", "bf16") | {"chunk_tokens": 0}  # refused by the store writer
+    writer = ProcessWriter(args, torch.device("cpu"), 2, token_shard=str(path))
+    with _deadline(60), pytest.raises(RuntimeError, match="the writer process failed: ValueError: .*chunk"):
+        writer.wait_ready()
+    writer.abort()
+    assert not (tmp_path / "h.zarr").exists() and not _shm(writer)
+
+
 def test_abort_leaves_no_store_and_no_shared_memory(tmp_path, shard):
     path, _ = shard
     writer = _process(tmp_path / "h.zarr", path)

@@ -16,11 +16,12 @@ must hold 4 x 1.25 x the largest batch, for SmolLM2's 8,192-token forwards 4 x 4
 `put` sends each batch whose copy event has completed (`Event.query`, which does not block) over a
 pipe, never its bytes: ("batch", segment, indices, lengths, pieces, arrays), arrays the (offset, shape,
 dtype) of rows, scale and token ids; then ("forget", segment) for a replaced segment, ("close",) or
-("abort",). The child maps a segment the first time it is named and answers ("free", segment) once
-the batch is in the store, ("error", message) when one fails, and last ("done", stats) or ("failed",
-message, stats). A child's error reaches the parent's next `put` or `close` as a RuntimeError; a child
-that dies is noticed while the parent waits (its pipe ends, `is_alive`) and what it left is removed.
-Segments are unlinked at `close` and `abort`, whatever happened.
+("abort",). The child says ("ready",) once it has opened the store (`wait_ready` waits for it), maps
+a segment the first time it is named and answers ("free", segment) once the batch is in the store,
+("error", message) when one fails, and last ("done", stats) or ("failed", message, stats). A child's
+error reaches the parent's next `put` or `close` as a RuntimeError; a child that dies is noticed while
+the parent waits (its pipe ends, `is_alive`) and what it left is removed. Segments are unlinked at
+`close` and `abort`, whatever happened.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class ProcessWriter:
         self.pool = SegmentPool(self.prefix, max_segments, cuda, self._make_room, self._forget)
         self.wait_seconds, self.child_stats = 0.0, {}
         self.error, self.final, self.closed, self.released = None, None, False, False
+        self.ready = False  # the child has opened the store
         self._pending: collections.deque = collections.deque()  # (copy event or None, message), unsent
         context = multiprocessing.get_context("spawn")
         self.conn, child_conn = context.Pipe()
@@ -142,6 +144,8 @@ class ProcessWriter:
                 heard, message = True, self.conn.recv()
                 if message[0] == "free":
                     self.pool.release_name(message[1])
+                elif message[0] == "ready":
+                    self.ready = True
                 elif message[0] == "error":
                     self.error = self.error or message[1]
                 else:
@@ -152,6 +156,17 @@ class ProcessWriter:
             raise RuntimeError(f"extract: the writer process failed: {self.error}")
         if timeout and not heard and not self.process.is_alive():
             raise self._died()
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Wait until the child has imported its modules and opened the store (a job starts it before
+        its first timed batch); raise its error or its death, or a TimeoutError after `timeout` s."""
+        deadline = time.perf_counter() + timeout
+        while not self.ready:
+            if self.final is not None:  # it failed before it could open the store
+                raise RuntimeError(f"extract: the writer process failed: {self.final[1]}")
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"extract: the writer process did not open {self.path} in {timeout:.0f} s")
+            self._reap(POLL_SECONDS)
 
     def _make_room(self) -> None:
         """All segments are in use: send what has landed and wait until the child frees one."""
@@ -272,6 +287,7 @@ def _write_store(conn, abort, store_args, writer_threads, token_shard, segments,
     shard_ids = read_token_shard(token_shard).input_ids if token_shard is not None else None
     with hidden_store_writer(**store_args) as store:
         writer = RowWriter(store, writer_threads, shard_ids)
+        conn.send(("ready",))
         try:
             error = _serve(conn, abort, writer, segments, stats)
             if error is not None or abort.is_set():
