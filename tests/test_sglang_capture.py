@@ -32,7 +32,6 @@ from eyas.extract.sglang_sink import (
     PrefixReuseError,
     RowSink,
     batch_pieces,
-    is_warmup,
     request_rid,
     warmup_rid,
 )
@@ -139,10 +138,7 @@ def test_batch_pieces_follow_prefix_and_extend_lengths_and_skip_foreign_requests
     pieces = batch_pieces(rids, [0, 0, 512, 0], [100, 4, 88, 1], PREFIX)
     assert pieces == [(7, 0, 0, 100), (2, 512, 104, 88), (11, 0, 192, 1)]
     assert batch_pieces(None, None, None, PREFIX) == []
-    assert is_warmup(["other", warmup_rid(PREFIX, 3)], PREFIX)
     assert batch_pieces([warmup_rid(PREFIX, 3)], [0], [4], PREFIX) == []  # warm-up rows are not kept
-    assert not is_warmup(["warmup-eyas-other-job-1", request_rid(PREFIX, 3)], PREFIX)
-    assert not is_warmup(None, PREFIX)
 
 
 # --------------------------------------------------------------------------- the row sink on CPU
@@ -319,20 +315,20 @@ def _extend(rids, starts, counts, aux, final, ids):
     )
 
 
-def test_the_hook_starts_the_writer_process_during_the_jobs_warm_up(tmp_path, shard, monkeypatch):
-    """`writer_process`: the row sink, and with it the writer's child process, starts at the first
-    forward of this job's warm-up (whose rows are not kept), so the child's start-up is not paid in the
-    timed requests; then the store is written as without it."""
+def test_the_hook_starts_the_writer_process_before_the_model_runs(tmp_path, shard, monkeypatch):
+    """`writer_process`: the writer's child process starts when the capture is installed (in SGLang,
+    before the model loads), so its imports are not paid in the first forwards; a warm-up forward
+    writes nothing; then the store is written as without it."""
     path, samples = shard
     runner_class = _stand_in_runner(monkeypatch)
     spec = replace(_spec(tmp_path, path), writer_process=True)
-    install_capture(spec)
-    runner = runner_class()
     names = lambda: [p.name for p in multiprocessing.active_children()]  # noqa: E731
     assert "eyas-store-writer" not in names()
+    install_capture(spec)
+    assert "eyas-store-writer" in names()
+    runner = runner_class()
     rows = (torch.randn(5, K * H), torch.randn(5, H), torch.zeros(5, dtype=torch.int64))
     runner_class.forward(runner, _extend([warmup_rid(PREFIX, 0)], [0], [5], *rows))
-    assert "eyas-store-writer" in names()
     for entries in SCHEDULE:
         _, aux, final, ids = _forward(entries, samples)
         rids, starts, counts = [e[0] for e in entries], [e[2] for e in entries], [e[3] for e in entries]

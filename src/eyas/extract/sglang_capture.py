@@ -2,11 +2,12 @@
 is built; sglang is imported lazily, there. Nothing in SGLang's files is edited.
 
 `scheduler_process` (the engine's `run_scheduler_process_func`) installs `install_capture`: it wraps
-`ModelRunner.forward` (an AFTER hook) and hands every extend forward's aux and final hidden states to
-the row sink (`eyas.extract.sglang_sink.RowSink`, made at the first forward of this job's requests, or
-of its warm-up with `writer_process`, whose child process then starts before the timed requests); on
-releases without a capture-only mode (the `scheduler` route, sglang 0.5.17-0.5.21) it also turns aux
-capture on and keeps the final state.
+`ModelRunner.forward` (an AFTER hook) and hands every extend forward's aux and final hidden states to the
+row sink (`eyas.extract.sglang_sink.RowSink`, made at the first forward of this job's requests; with
+`writer_process` its child process is started here, before the model loads: its imports took ~4.5 s, which
+the first batches waited for when it started at the warm-up request, H100,
+bench/results/extraction-writer-process-h100-smollm2.json); on releases without a capture-only mode (the
+`scheduler` route, sglang 0.5.17-0.5.21) it also turns aux capture on and keeps the final state.
 
 Why a hook and not the public `return_hidden_states` (read in the sglang 0.5.23 sources): that path ships
 Python float lists through ZMQ, drops the middle chunks of chunked prefill and never returns the final
@@ -18,7 +19,8 @@ from __future__ import annotations
 import functools
 
 from eyas.core.logs import child_stage_logging
-from eyas.extract.sglang_sink import CaptureSpec, RowSink, batch_pieces, is_warmup
+from eyas.extract.sglang_sink import CaptureSpec, RowSink, batch_pieces
+from eyas.extract.writer_process import WriterChild
 
 
 def _logits_output(output):
@@ -48,6 +50,8 @@ def install_capture(spec: CaptureSpec) -> None:
     if getattr(original, "eyas_capture", None) is not None:
         return
     sink: list[RowSink] = []
+    # Started now, while SGLang loads the model; a rank that writes nothing leaves its child idle.
+    child = WriterChild() if spec.writer_process else None
 
     @functools.wraps(original)
     def forward(self, forward_batch, *args, **kwargs):
@@ -63,10 +67,6 @@ def install_capture(spec: CaptureSpec) -> None:
             spec.rid_prefix,
         )
         if not pieces:
-            if not sink and spec.writer_process and is_warmup(forward_batch.rids, spec.rid_prefix):
-                # The writer process takes seconds to start (its imports): start it during the warm-up,
-                # not in the timed requests' first forwards.
-                sink.append(RowSink(spec, forward_batch.input_ids.device))
             return output
         logits = _logits_output(output)
         aux, final = logits.hidden_states, getattr(logits, "last_hidden_states", None)
@@ -76,7 +76,7 @@ def install_capture(spec: CaptureSpec) -> None:
                 f"off or this sglang release ({spec.route} route) is not supported"
             )
         if not sink:
-            sink.append(RowSink(spec, aux.device))
+            sink.append(RowSink(spec, aux.device, child=child))
         sink[0].take(pieces, aux, final, forward_batch.input_ids)
         return output
 

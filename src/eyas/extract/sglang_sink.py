@@ -23,7 +23,7 @@ from eyas.core.atomic import atomic_file
 from eyas.extract.job import peak_rss_bytes
 from eyas.extract.staging import stage_batch
 from eyas.extract.writer import empty_rows
-from eyas.extract.writer_process import open_store_writer
+from eyas.extract.writer_process import WriterChild, open_store_writer
 from eyas.store import read_token_shard
 
 
@@ -38,11 +38,6 @@ def request_rid(prefix: str, index: int) -> str:
 def warmup_rid(prefix: str, index: int) -> str:
     """The id of a warm-up request of this job: the hook skips its rows (`batch_pieces`)."""
     return f"warmup-{prefix}{index}"
-
-
-def is_warmup(rids: list[str] | None, prefix: str) -> bool:
-    """Whether an extend batch holds a warm-up request of this job (`warmup_rid`)."""
-    return any(isinstance(rid, str) and rid.startswith(f"warmup-{prefix}") for rid in rids or ())
 
 
 def batch_pieces(
@@ -84,7 +79,8 @@ class CaptureSpec:
 class RowSink:
     """Takes each extend forward's rows and writes them into the store; finishes it when complete."""
 
-    def __init__(self, spec: CaptureSpec, device: torch.device):
+    def __init__(self, spec: CaptureSpec, device: torch.device, child: WriterChild | None = None):
+        """`child`: the writer process started early (`writer_process`), else one starts here."""
         self.spec, self.start = spec, time.perf_counter()
         shard = read_token_shard(spec.token_shard)
         self.lengths = np.diff(shard.sample_offsets)
@@ -109,6 +105,7 @@ class RowSink:
             process=spec.writer_process,
             token_shard=spec.token_shard,
             shard_ids=shard.input_ids,
+            child=child,
         )
         empty = np.flatnonzero(self.lengths == 0).tolist()
         if empty:

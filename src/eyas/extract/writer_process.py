@@ -9,19 +9,21 @@ prefill, 0.78x with the writers' work dropped after the pinned copy
 writes every batch, finishes the store (atomic rename) at `close` and sends its figures back
 (`peak_pending_chunks` among them). `open_store_writer` picks it or the thread (`StoreWriter`).
 
-The model's side starts no thread and does little Python a batch. Batches land (on the CUDA side
-stream, as for the thread writer) in page-locked shared memory (`eyas.extract.shared_segments`, at most
+The model's side starts no thread and does little Python a batch. Batches land (on the CUDA side stream,
+as for the thread writer) in page-locked shared memory (`eyas.extract.shared_segments`, at most
 `MAX_SEGMENTS` segments: when all are in use the next batch waits, counted in `wait_seconds`; /dev/shm
-must hold 4 x 1.25 x the largest batch, for SmolLM2's 8,192-token forwards 4 x 45 MiB in bf16).
-`put` sends each batch whose copy event has completed (`Event.query`, which does not block) over a
-pipe, never its bytes: ("batch", segment, indices, lengths, pieces, arrays), arrays the (offset, shape,
-dtype) of rows, scale and token ids; then ("forget", segment) for a replaced segment, ("close",) or
-("abort",). The child says ("ready",) once it has opened the store (`wait_ready` waits for it), maps
-a segment the first time it is named and answers ("free", segment) once the batch is in the store,
-("error", message) when one fails, and last ("done", stats) or ("failed", message, stats). A child's
-error reaches the parent's next `put` or `close` as a RuntimeError; a child that dies is noticed while
-the parent waits (its pipe ends, `is_alive`) and what it left is removed. Segments are unlinked at
-`close` and `abort`, whatever happened.
+must hold 4 x 1.25 x the largest batch, for SmolLM2's 8,192-token forwards 4 x 45 MiB in bf16). The child
+is started first (`WriterChild`: the SGLang hook starts it when the engine's scheduler process starts, so
+its imports overlap the model's load) and told which store to open: ("open", store args, writer threads,
+token shard). `put` sends each batch whose copy event has completed (`Event.query`, which does not block)
+over a pipe, never its bytes: ("batch", segment, indices, lengths, pieces, arrays), arrays the (offset,
+shape, dtype) of rows, scale and token ids; then ("forget", segment) for a replaced segment, ("close",) or
+("abort",). The child says ("ready",) once it has opened the store (`wait_ready` waits for it), maps a
+segment the first time it is named and answers ("free", segment) once the batch is in the store, ("error",
+message) when one fails, and last ("done", stats) or ("failed", message, stats). A child's error reaches
+the parent's next `put` or `close` as a RuntimeError; a child that dies is noticed while the parent waits
+(its pipe ends, `is_alive`) and what it left is removed. Segments are unlinked at `close` and `abort`,
+whatever happened.
 """
 
 from __future__ import annotations
@@ -58,6 +60,24 @@ def _where(base: int, tensor: torch.Tensor | None) -> tuple | None:
     return tensor.data_ptr() - base, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")
 
 
+class WriterChild:
+    """The writer process, started before its store or the batches' device is known: its imports
+    (torch, zarr) take seconds, which a job pays while its engine loads instead of in its first
+    batches. It waits for `ProcessWriter`'s ("open", ...) and ends with its parent (a daemon)."""
+
+    def __init__(self):
+        if multiprocessing.current_process().daemon:  # SGLang's scheduler processes are not
+            raise RuntimeError("extract: writer_process needs a process that may start one (not a daemon)")
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_conn = context.Pipe()
+        self.abort_event = context.Event()
+        self.process = context.Process(
+            target=child_main, args=(child_conn, self.abort_event), name="eyas-store-writer", daemon=True
+        )
+        self.process.start()
+        child_conn.close()
+
+
 class ProcessWriter:
     """`StoreWriter`'s interface (`put`, `close`, `abort`, `wait_seconds`, `peak_pending_chunks`,
     `stats`, `pool`, `copy_stream`) with the store and its writer in a child process."""
@@ -70,11 +90,14 @@ class ProcessWriter:
         *,
         token_shard: str | None = None,
         max_segments: int = MAX_SEGMENTS,
+        child: WriterChild | None = None,
     ):
+        """`child`: one started earlier (`WriterChild`), told here which store to open; else one is
+        started now, and its imports delay the first batches (`wait_ready`)."""
         if writer_threads < 1:
             raise ValueError(f"extract: writer_threads must be >= 1, got {writer_threads}")
-        if multiprocessing.current_process().daemon:  # SGLang's scheduler processes are not
-            raise RuntimeError("extract: writer_process needs a process that may start one (not a daemon)")
+        child = child if child is not None else WriterChild()
+        self.process, self.conn, self.abort_event = child.process, child.conn, child.abort_event
         self.path, cuda = store_args["path"], device.type == "cuda"
         self.prefix = f"eyas-{os.getpid()}-{secrets.token_hex(3)}-"  # its /dev/shm entries
         self.copy_stream = torch.cuda.Stream(device) if cuda else None
@@ -83,13 +106,7 @@ class ProcessWriter:
         self.error, self.final, self.closed, self.released = None, None, False, False
         self.ready = False  # the child has opened the store
         self._pending: collections.deque = collections.deque()  # (copy event or None, message), unsent
-        context = multiprocessing.get_context("spawn")
-        self.conn, child_conn = context.Pipe()
-        self.abort_event = context.Event()
-        args = (child_conn, self.abort_event, store_args, writer_threads, token_shard)
-        self.process = context.Process(target=child_main, args=args, name="eyas-store-writer", daemon=True)
-        self.process.start()
-        child_conn.close()
+        self._send(("open", store_args, writer_threads, token_shard))
 
     @property
     def peak_pending_chunks(self) -> int:
@@ -248,24 +265,32 @@ def open_store_writer(
     process: bool = False,
     token_shard: str | None = None,
     shard_ids: np.ndarray | None = None,
+    child: WriterChild | None = None,
 ) -> StoreWriter | ProcessWriter:
     """The store at `store_args` (`hidden_store_writer`'s keyword arguments) with its writer: a thread of
     this process (`StoreWriter`) or, with `process`, a child process (`ProcessWriter`). Pieces' token ids
     are checked against `shard_ids` (the thread) or the ids of `token_shard` (the child reads them)."""
     if process:
-        return ProcessWriter(store_args, device, writer_threads, token_shard=token_shard)
+        return ProcessWriter(store_args, device, writer_threads, token_shard=token_shard, child=child)
     return StoreWriter(store_args, device, writer_threads, shard_ids)
 
 
 # -------------------------------------------------------------------- the child process
-def child_main(conn, abort, store_args: dict, writer_threads: int, token_shard: str | None) -> None:
-    """The writer process: open the store, write the batches the pipe names, finish it at `close`."""
+def child_main(conn, abort) -> None:
+    """The writer process: wait for the store to open, write the batches the pipe names, finish it at
+    `close`. A parent that ends before it names a store (or aborts first) leaves nothing behind."""
     child_stage_logging()
+    try:
+        message = conn.recv()
+    except EOFError:  # the parent never opened a store (an SGLang rank that writes none)
+        return
     start = time.perf_counter()
     stats = {"batches": 0, "busy_seconds": 0.0}
     segments: dict[str, SharedMemory] = {}
     try:
-        _write_store(conn, abort, store_args, writer_threads, token_shard, segments, stats)
+        if message[0] != "open":
+            raise _Stopped("aborted before the store was opened")
+        _write_store(conn, abort, *message[1:], segments, stats)
         reply = ("done", stats)
     except _Stopped as stop:  # a batch's error, already printed, or an abort
         reply = ("failed", str(stop), stats)
