@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,6 +20,20 @@ import torch
 
 DATA = Path(__file__).parent / "data"
 TOKENIZER_DIR = DATA / "tokenizer"
+
+
+@pytest.fixture(autouse=True)
+def _stage_log_env_of_its_own():
+    """`setup_stage_logging` exports EYAS_STAGE_LOG for the processes a stage spawns; a test that runs a
+    stage in-process must not hand it on to a later test's spawned children (the extract writer
+    process, engines), whose stage log, in that test's removed tmp_path, they could not open."""
+    from eyas.core.logs import STAGE_LOG_ENV
+
+    before = os.environ.pop(STAGE_LOG_ENV, None)
+    yield
+    os.environ.pop(STAGE_LOG_ENV, None)
+    if before is not None:
+        os.environ[STAGE_LOG_ENV] = before
 
 
 # `make test` runs on pytest-xdist workers (`-n 2 --dist loadfile`: a test file is a unit, so its
