@@ -142,8 +142,11 @@ class ExtractSettings:
     (`eyas.extract.writer_process`): batches go through page-locked shared memory, so zarr's Python,
     which holds the GIL, no longer takes time from SGLang's scheduler thread (with the writers' work
     dropped, a 135M capture went from 0.62x to 0.78x of bare prefill on an H100,
-    bench/results/extraction-drop-h100-smollm2.json). The same store; needs /dev/shm room for four
-    batches of states (a container's default 64 MB is too small)."""
+    bench/results/extraction-drop-h100-smollm2.json). Measured: 0.56x against the threads' 0.53x, its
+    child still importing for the first 3.5 s of 11
+    (bench/results/extraction-writer-process-h100-smollm2.json; it now starts before the model loads).
+    The same store; needs /dev/shm room for four batches of states (a container's default 64 MB is too
+    small)."""
 
 
 @dataclass
