@@ -261,7 +261,7 @@ def test_discard_writes_keeps_the_capture_and_drops_the_writers_work(
     from eyas.store import write_token_shard
     from eyas.store.writer import HiddenStoreWriter
 
-    for cls, name in ((BatchWriter, "_write"), (HiddenStoreWriter, "finish")):  # restored after the test
+    for cls, name in ((BatchWriter, "write"), (HiddenStoreWriter, "finish")):  # restored after the test
         monkeypatch.setattr(cls, name, getattr(cls, name))
     samples = [(np.arange(3, 3 + n, dtype=np.int32), np.ones(n, np.uint8)) for n in (5, 9, 300)]
     shard = tmp_path / "tokens.zarr"

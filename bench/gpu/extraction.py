@@ -167,7 +167,7 @@ def drop_writes() -> None:
         if item.ready is not None:
             item.ready.synchronize()
 
-    BatchWriter._write = wait_only
+    BatchWriter.write = wait_only
     HiddenStoreWriter.finish = lambda self, extra_attrs=None: None
 
 

@@ -87,9 +87,6 @@ class RowWriter:
     def write(self, item: StagedBatch) -> None:
         """One staged batch into the store (waiting for its copy first); a piece's token ids that differ
         from the shard's are refused, naming the sample."""
-        self._write(item)
-
-    def _write(self, item: StagedBatch) -> None:
         if item.ready is not None:
             item.ready.synchronize()
         rows = _host(item.rows)  # [B, T, (K+1)H] uint16 (bf16 bits) or uint8 (e4m3 bits)
@@ -160,7 +157,7 @@ class BatchWriter(RowWriter):
         while (item := self.queue.get()) is not None:
             try:
                 if self.error is None and not self.aborted:
-                    self._write(item)
+                    self.write(item)
             except BaseException as exc:  # handed to the main thread by put()/close()
                 self.error = exc
             finally:
