@@ -90,6 +90,12 @@ def _shm(writer: ProcessWriter) -> list[str]:
     return glob.glob(f"/dev/shm/{writer.prefix}*")
 
 
+def _left_nothing(tmp_path: Path, writer: ProcessWriter) -> None:
+    """No store at h.zarr, no temporary one beside it (a killed child's too), no shared memory."""
+    assert not (tmp_path / "h.zarr").exists() and not list(tmp_path.glob(".h.zarr*"))
+    assert not _shm(writer)
+
+
 @contextlib.contextmanager
 def _deadline(seconds: float):
     """Fail instead of hanging: SIGALRM raises TimeoutError in the test after `seconds`."""
@@ -221,8 +227,7 @@ def test_a_full_dev_shm_is_refused_by_name(tmp_path, shard, monkeypatch):
     ):
         writer.put(_whole([0, 2], "bf16", writer))
     writer.abort()
-    assert not (tmp_path / "h.zarr").exists() and not list(tmp_path.glob(".h.zarr*"))
-    assert not _shm(writer)
+    _left_nothing(tmp_path, writer)
 
 
 def test_a_piece_for_other_tokens_fails_in_the_parent_naming_the_sample(tmp_path, shard):
@@ -238,8 +243,7 @@ def test_a_piece_for_other_tokens_fails_in_the_parent_naming_the_sample(tmp_path
             writer.put(empty_rows([1], K + 1, H, "bf16"))
         writer.close()
     writer.abort()
-    assert not (tmp_path / "h.zarr").exists() and not list(tmp_path.glob(".h.zarr*"))
-    assert not _shm(writer)
+    _left_nothing(tmp_path, writer)
 
 
 def test_an_incomplete_store_fails_at_close_and_is_not_finished(tmp_path, shard):
@@ -249,8 +253,8 @@ def test_an_incomplete_store_fails_at_close_and_is_not_finished(tmp_path, shard)
     with _deadline(60), pytest.raises(RuntimeError, match="writer process failed: .*hidden store incomplete"):
         writer.close()
     writer.abort()  # after a failed close: nothing left to do
-    assert not (tmp_path / "h.zarr").exists() and not list(tmp_path.glob(".h.zarr*"))
-    assert not _shm(writer) and writer.process.exitcode == 0
+    _left_nothing(tmp_path, writer)
+    assert writer.process.exitcode == 0
 
 
 def test_a_daemonic_process_is_refused_by_name(tmp_path, shard, monkeypatch):
@@ -273,8 +277,7 @@ def test_a_killed_child_is_reported_not_waited_for(tmp_path, shard):
                 writer.put(_whole([3], "bf16", writer))
             writer.close()
         writer.abort()
-    assert not (tmp_path / "h.zarr").exists() and not list(tmp_path.glob(".h.zarr*"))  # its leftovers too
-    assert not _shm(writer)
+    _left_nothing(tmp_path, writer)  # a killed child's leftovers too
 
 
 def test_wait_ready_returns_once_the_child_has_opened_the_store(tmp_path, shard):
@@ -294,7 +297,7 @@ def test_wait_ready_raises_the_childs_error_when_it_cannot_open_the_store(tmp_pa
     with _deadline(60), pytest.raises(RuntimeError, match="the writer process failed: ValueError: .*chunk"):
         writer.wait_ready()
     writer.abort()
-    assert not (tmp_path / "h.zarr").exists() and not _shm(writer)
+    _left_nothing(tmp_path, writer)
 
 
 def test_abort_leaves_no_store_and_no_shared_memory(tmp_path, shard):
@@ -305,8 +308,7 @@ def test_abort_leaves_no_store_and_no_shared_memory(tmp_path, shard):
     with _deadline(60):
         writer.abort()
     assert not writer.process.is_alive()
-    assert not (tmp_path / "h.zarr").exists() and not list(tmp_path.glob(".h.zarr*"))
-    assert not _shm(writer)
+    _left_nothing(tmp_path, writer)
 
 
 # --------------------------------------------------------------------------- CUDA (skipped without it)
