@@ -26,7 +26,7 @@ from eyas.core.layer_ids import (
     vllm_layer_ids,
 )
 from eyas.extract.sglang_backend import capture_route, engine_args
-from eyas.extract.sglang_capture import install_capture
+from eyas.extract.sglang_capture import _tp_rank, install_capture
 from eyas.extract.sglang_sink import (
     CaptureSpec,
     PrefixReuseError,
@@ -131,6 +131,17 @@ def test_user_engine_args_pass_through_but_never_override_capture():
     with pytest.raises(ValueError, match="engine_args.ep_sise: not a ServerArgs field"):
         typo = replace(settings, engine_args={"ep_sise": 8})
         engine_args("builtin", [1], typo, "/m", "auto", False, {"ep_size"})
+
+
+@pytest.mark.parametrize("key", ["dp_size", "pp_size"])
+def test_layouts_with_several_writers_of_one_store_are_refused(key):
+    """Data-parallel schedulers (with or without DP attention) and pipeline stages would each write the
+    shard's one store; one of each is the default and passes."""
+    settings = SglangSettings(tp_size=8, mem_fraction_static=0.8, chunked_prefill_size=4096)
+    one = engine_args("builtin", [1], replace(settings, engine_args={key: 1}), "/m", "auto", False)
+    assert one[key] == 1
+    with pytest.raises(ValueError, match=f"sglang.engine_args.{key}: 2 is not supported by extraction"):
+        engine_args("builtin", [1], replace(settings, engine_args={key: 2}), "/m", "auto", False)
 
 
 def test_batch_pieces_follow_prefix_and_extend_lengths_and_skip_foreign_requests():
@@ -341,3 +352,14 @@ def test_the_hook_starts_the_writer_process_before_the_model_runs(tmp_path, shar
     stats = json.loads((tmp_path / "hidden.zarr.stats.json").read_text())
     assert stats["forwards"] == len(SCHEDULE) and stats["writer_process_batches"] == len(SCHEDULE) + 1
     assert "eyas-store-writer" not in names()
+
+
+def test_only_the_writing_rank_starts_a_writer_process(tmp_path, shard, monkeypatch):
+    """With TP > 1 every rank's scheduler installs the hook; TP rank 0 writes (the engine passes
+    `run_scheduler_process` its ranks positionally), the others start no child."""
+    path, _ = shard
+    _stand_in_runner(monkeypatch)
+    assert _tp_rank(("server_args", "port_args", 5, 3, 0, None, "pipe"), {}) == 3
+    assert _tp_rank(("server_args", "port_args"), {"tp_rank": 2}) == 2
+    install_capture(replace(_spec(tmp_path, path), writer_process=True), writer_rank=False)
+    assert "eyas-store-writer" not in [p.name for p in multiprocessing.active_children()]

@@ -205,3 +205,18 @@ def test_the_extract_job_sends_every_sample_and_reports_the_store(tmp_path, rand
     assert store.attrs["backend"] == "sglang" and store.attrs["capture_route"] == stats["capture_route"]
     assert (stats["samples"], stats["tokens"], stats["forwards"]) == (len(LENGTHS), sum(LENGTHS), 2)
     assert not Path(started["spec"].stats_path).exists()
+
+
+def test_the_scheduler_is_given_its_tp_rank_where_the_hook_reads_it():
+    """`scheduler_process` reads the TP rank from `run_scheduler_process`'s positional arguments (which
+    rank starts the writer process): the real signature keeps it fourth."""
+    import inspect
+
+    from sglang.srt.managers.scheduler import run_scheduler_process
+
+    assert list(inspect.signature(run_scheduler_process).parameters)[:4] == [
+        "server_args",
+        "port_args",
+        "gpu_id",
+        "tp_rank",
+    ]

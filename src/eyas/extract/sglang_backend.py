@@ -97,7 +97,24 @@ def engine_args(
         }
     else:
         args |= {"enable_return_hidden_states": True}  # FULL capture mode on every extend batch
-    return args | user_engine_args(settings.engine_args, known, OWNED_ARGS)
+    args |= user_engine_args(settings.engine_args, known, OWNED_ARGS)
+    _refuse_several_writers(args)
+    return args
+
+
+# Engine layouts the capture cannot write: one store a shard, written by the scheduler of TP rank 0.
+SEVERAL_WRITERS = {
+    "dp_size": "each data-parallel scheduler would write this shard's one store; for more engines, "
+    "split the data into more shards (tokenize.train_shards / eval_shards)",
+    "pp_size": "only the last pipeline stage holds the final hidden states, but every stage's TP rank 0 "
+    "would write",
+}
+
+
+def _refuse_several_writers(args: dict) -> None:
+    for key, why in SEVERAL_WRITERS.items():
+        if int(args.get(key) or 1) > 1:
+            raise ValueError(f"sglang.engine_args.{key}: {args[key]} is not supported by extraction: {why}")
 
 
 def capture_engine_class(spec: CaptureSpec):

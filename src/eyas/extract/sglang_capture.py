@@ -38,9 +38,17 @@ def _is_writer_rank(runner) -> bool:
         return getattr(runner, "tp_rank", 0) == 0
 
 
-def install_capture(spec: CaptureSpec) -> None:
+def _tp_rank(args: tuple, kwargs: dict) -> int:
+    """`run_scheduler_process(server_args, port_args, gpu_id, tp_rank, ...)` in sglang 0.5.17-0.5.23;
+    the engine passes them positionally. Extraction refuses DP and PP layouts
+    (`eyas.extract.sglang_backend.engine_args`), so TP rank 0 is the attention-TP rank 0 that writes."""
+    return int(args[3]) if len(args) > 3 else int(kwargs.get("tp_rank", 0))
+
+
+def install_capture(spec: CaptureSpec, writer_rank: bool = True) -> None:
     """In the scheduler process: wrap ModelRunner.forward (AFTER hook) and, on the `scheduler` route,
-    turn aux capture on. Idempotent."""
+    turn aux capture on. Idempotent. `writer_rank`: this process will write the store (TP rank 0), so
+    `writer_process`'s child is started now; other ranks start none."""
     from sglang.srt.model_executor.model_runner import ModelRunner
 
     if spec.route == "scheduler":
@@ -50,8 +58,8 @@ def install_capture(spec: CaptureSpec) -> None:
     if getattr(original, "eyas_capture", None) is not None:
         return
     sink: list[RowSink] = []
-    # Started now, while SGLang loads the model; a rank that writes nothing leaves its child idle.
-    child = WriterChild() if spec.writer_process else None
+    # Started now, while SGLang loads the model.
+    child = WriterChild() if spec.writer_process and writer_rank else None
 
     @functools.wraps(original)
     def forward(self, forward_batch, *args, **kwargs):
@@ -132,7 +140,7 @@ def _keep_final_state() -> None:
 def scheduler_process(spec: CaptureSpec, *args, **kwargs):
     """`run_scheduler_process_func` of the capture engine: install the capture, then run SGLang's."""
     child_stage_logging()
-    install_capture(spec)
+    install_capture(spec, writer_rank=_tp_rank(args, kwargs) == 0)
     from sglang.srt.managers.scheduler import run_scheduler_process
 
     return run_scheduler_process(*args, **kwargs)
