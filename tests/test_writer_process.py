@@ -156,7 +156,13 @@ def test_back_pressure_with_one_or_two_segments_loses_no_batch(tmp_path, shard):
             writer.put(_piece(5, start, stop - start, ids[lo : lo + 40], "bf16", writer))
             assert len(writer.pool.free) + len(writer.pool.used) <= limit
         writer.close()
-        assert writer.wait_seconds >= 0 and writer.stats["writer_process_batches"] == len(cuts)
+        stats = writer.stats
+        assert writer.wait_seconds >= 0 and stats["writer_process_batches"] == len(cuts)
+        if limit == 1:  # every batch after the first waits for the one segment, none for a copy (CPU)
+            assert stats["writer_process_wait_count"] == len(cuts) - 1
+            assert stats["writer_process_wait_first_batch"] == 1
+            assert stats["writer_process_wait_copy_seconds"] == 0.0
+        assert 0 <= stats["writer_process_queued_max_seconds"] <= stats["writer_process_queued_seconds"]
         got = _files(tmp_path / f"s{limit}.zarr")
         assert want is None or got == want
         want = got

@@ -16,14 +16,18 @@ must hold 4 x 1.25 x the largest batch, for SmolLM2's 8,192-token forwards 4 x 4
 is started first (`WriterChild`: the SGLang hook starts it when the engine's scheduler process starts, so
 its imports overlap the model's load) and told which store to open: ("open", store args, writer threads,
 token shard). `put` sends each batch whose copy event has completed (`Event.query`, which does not block)
-over a pipe, never its bytes: ("batch", segment, indices, lengths, pieces, arrays), arrays the (offset,
-shape, dtype) of rows, scale and token ids; then ("forget", segment) for a replaced segment, ("close",) or
+over a pipe, never its bytes: ("batch", segment, indices, lengths, pieces, arrays, sent), arrays the
+(offset, shape, dtype) of rows, scale and token ids, `sent` the `time.monotonic()` of the send; then ("forget", segment) for a replaced segment, ("close",) or
 ("abort",). The child says ("ready",) once it has opened the store (`wait_ready` waits for it), maps a
 segment the first time it is named and answers ("free", segment) once the batch is in the store, ("error",
 message) when one fails, and last ("done", stats) or ("failed", message, stats). A child's error reaches
 the parent's next `put` or `close` as a RuntimeError; a child that dies is noticed while the parent waits
 (its pipe ends, `is_alive`) and what it left is removed. Segments are unlinked at `close` and `abort`,
 whatever happened.
+
+Where the waits go (`stats`): the parent counts them and the part spent waiting for a batch's copy (the
+GPU behind the scheduler); the child sums how long batches sat in the pipe before it read them (its
+loop busy, or starved of its GIL by its writer threads).
 """
 
 from __future__ import annotations
@@ -103,6 +107,10 @@ class ProcessWriter:
         self.copy_stream = torch.cuda.Stream(device) if cuda else None
         self.pool = SegmentPool(self.prefix, max_segments, cuda, self._make_room, self._forget)
         self.wait_seconds, self.child_stats = 0.0, {}
+        # where the waits went: how many, how much of them on a batch's copy (the GPU behind the
+        # scheduler) rather than on the child, and the batch that first waited
+        self.waits = {"count": 0, "copy_seconds": 0.0, "first_batch": None}
+        self.batches = 0
         self.error, self.final, self.closed, self.released = None, None, False, False
         self.ready = False  # the child has opened the store
         self._pending: collections.deque = collections.deque()  # (copy event or None, message), unsent
@@ -114,7 +122,9 @@ class ProcessWriter:
 
     @property
     def stats(self) -> dict:
-        return {f"writer_process_{k}": v for k, v in self.child_stats.items() if k != "peak_pending_chunks"}
+        child = {k: v for k, v in self.child_stats.items() if k != "peak_pending_chunks"}
+        waits = {f"wait_{k}": v for k, v in self.waits.items()}
+        return {f"writer_process_{k}": v for k, v in (child | waits).items()}
 
     # ---------------------------------------------------------------- the scheduler's side, per batch
     def put(self, item: StagedBatch) -> None:
@@ -137,11 +147,13 @@ class ProcessWriter:
         self._pending.append((item.ready, message))
         item.rows = item.scale = item.token_ids = None  # no view of the segment outlives it
         item.buffers = ()
+        self.batches += 1
         self._send_ready()
 
     def _send_ready(self) -> None:
         while self._pending and (self._pending[0][0] is None or self._pending[0][0].query()):
-            self._send(self._pending.popleft()[1])
+            # stamped with the system-wide monotonic clock: the child counts how long it sat in the pipe
+            self._send((*self._pending.popleft()[1], time.monotonic()))
 
     def _send(self, message: tuple) -> None:
         try:
@@ -188,10 +200,15 @@ class ProcessWriter:
     def _make_room(self) -> None:
         """All segments are in use: send what has landed and wait until the child frees one."""
         start = time.perf_counter()
+        self.waits["count"] += 1
+        if self.waits["first_batch"] is None:
+            self.waits["first_batch"] = self.batches
         try:
             while not self.pool.free:
                 if self._pending and self._pending[0][0] is not None:
+                    copied = time.perf_counter()
                     self._pending[0][0].synchronize()
+                    self.waits["copy_seconds"] += time.perf_counter() - copied
                 self._send_ready()
                 self._reap(POLL_SECONDS)
         finally:
@@ -285,7 +302,7 @@ def child_main(conn, abort) -> None:
     except EOFError:  # the parent never opened a store (an SGLang rank that writes none)
         return
     start = time.perf_counter()
-    stats = {"batches": 0, "busy_seconds": 0.0}
+    stats = {"batches": 0, "busy_seconds": 0.0, "queued_seconds": 0.0, "queued_max_seconds": 0.0}
     segments: dict[str, SharedMemory] = {}
     try:
         if message[0] != "open":
@@ -332,6 +349,9 @@ def _serve(conn, abort, writer: RowWriter, segments: dict, stats: dict) -> str |
     while True:
         message = conn.recv()
         if message[0] == "batch":
+            queued = max(0.0, time.monotonic() - message[-1])  # sent until read: this loop was busy
+            stats["queued_seconds"] += queued
+            stats["queued_max_seconds"] = max(stats["queued_max_seconds"], queued)
             if error is None and not abort.is_set():
                 start = time.perf_counter()
                 try:
@@ -351,7 +371,7 @@ def _serve(conn, abort, writer: RowWriter, segments: dict, stats: dict) -> str |
 
 def _host_batch(message: tuple, segments: dict[str, SharedMemory]) -> StagedBatch:
     """A batch message as numpy views of its segment, mapped here the first time it is named."""
-    _, name, indices, lengths, pieces, arrays = message
+    _, name, indices, lengths, pieces, arrays, _sent = message
     if name not in segments:
         segments[name] = SharedMemory(name=name)
     buf = segments[name].buf
