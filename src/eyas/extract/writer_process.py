@@ -18,12 +18,12 @@ its imports overlap the model's load) and told which store to open: ("open", sto
 token shard). `put` sends each batch whose copy event has completed (`Event.query`, which does not block)
 over a pipe, never its bytes: ("batch", segment, indices, lengths, pieces, arrays, sent), arrays the
 (offset, shape, dtype) of rows, scale and token ids, `sent` the `time.monotonic()` of the send; then
-("forget", segment) for a replaced segment, ("close",) or ("abort",). The child says ("ready",) once it has opened the store (`wait_ready` waits for it), maps a
-segment the first time it is named and answers ("free", segment) once the batch is in the store, ("error",
-message) when one fails, and last ("done", stats) or ("failed", message, stats). A child's error reaches
-the parent's next `put` or `close` as a RuntimeError; a child that dies is noticed while the parent waits
-(its pipe ends, `is_alive`) and what it left is removed. Segments are unlinked at `close` and `abort`,
-whatever happened.
+("forget", segment) for a replaced segment, ("close",) or ("abort",). The child says ("ready",) once it
+has opened the store (`wait_ready` waits for it), maps a segment the first time it is named and answers
+("free", segment) once the batch is in the store, ("error", message) when one fails, and last ("done",
+stats) or ("failed", message, stats). A child's error reaches the parent's next `put` or `close` as a
+RuntimeError; a child that dies is noticed while the parent waits (its pipe ends, `is_alive`) and what it
+left is removed. Segments are unlinked at `close` and `abort`, whatever happened.
 
 Where the waits go (`stats`): the parent counts them and the part spent waiting for a batch's copy (the
 GPU behind the scheduler); the child sums how long batches sat in the pipe before it read them (its
