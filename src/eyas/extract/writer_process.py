@@ -198,7 +198,12 @@ class ProcessWriter:
             self._reap(POLL_SECONDS)
 
     def _make_room(self) -> None:
-        """All segments are in use: send what has landed and wait until the child frees one."""
+        """All segments are in use: take the frees already in the pipe (read only at the next `put`
+        otherwise, after this batch's segment is taken); failing that, send what has landed and wait
+        until the child frees one."""
+        self._reap()
+        if self.pool.free:
+            return
         start = time.perf_counter()
         self.waits["count"] += 1
         if self.waits["first_batch"] is None:
