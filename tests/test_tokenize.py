@@ -17,6 +17,7 @@ from eyas.data.tokenize import (
     build_sample,
     read_prepared,
     render_prompt,
+    render_prompts,
     tokenize_split,
 )
 from eyas.model.target import load_tokenizer
@@ -141,6 +142,27 @@ def test_render_prompt_stops_before_last_assistant_turn(tokenizer):
     assert ids[: len(prompt)] == prompt
     assert tokenizer.decode(prompt).endswith("<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n")
     assert mask[len(prompt)] == 1 and not any(mask[len(prompt) - 3 : len(prompt)])
+
+
+def test_prompts_rendered_together_are_the_prompts_rendered_one_at_a_time(tokenizer):
+    """`render_prompts` tokenizes a round's texts in one call: the same ids as `render_prompt` each,
+    tools placed as for training; the first conversation that cannot be rendered is rejected."""
+    talk = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "What is the weather in Paris, and in 東京?"},
+        {"role": "assistant", "content": "Sunny."},
+    ]
+    conversations = [
+        (talk, None),
+        (talk[:2], '[{"name": "get_weather"}]'),
+        ([{"role": "system", "content": "Be brief."}, *talk], None),
+    ]
+    together = render_prompts(tokenizer, conversations)
+    assert together == [render_prompt(tokenizer, messages, tools) for messages, tools in conversations]
+    assert len({len(ids) for ids in together}) == 3 and render_prompts(tokenizer, []) == []
+    with pytest.raises(SampleRejected, match="no assistant turn"):
+        render_prompts(tokenizer, [(talk, None), (talk[:1], None)])
 
 
 # --------------------------------------------------------------------------- rejects and templates

@@ -135,12 +135,21 @@ def child_eyas(args) -> None:
 
         return prompt
 
+    def recorded_round(function):
+        def prompts(states, round_index, *a):
+            todo = function(states, round_index, *a)
+            rounds.setdefault(round_index, []).extend(list(ids) for _, _, ids in todo)
+            return todo
+
+        return prompts
+
     # a round's generate call, or the whole pipelined generation (generation alone, as SGLang's is
     # timed); the engines' start; every turn's prompt as it is sent
     responses.SglangGenerator.__call__ = timed(responses.SglangGenerator.__call__, generate_seconds)
     responses.regenerate_pipelined = timed(responses.regenerate_pipelined, generate_seconds)
     generation.GenerationEngines.__init__ = timed(generation.GenerationEngines.__init__, starts)
-    responses._turn_prompt = recorded(responses._turn_prompt)
+    responses._turn_prompt = recorded(responses._turn_prompt)  # pipelined turns
+    responses._round_prompts = recorded_round(responses._round_prompts)  # a turn round's prompts at once
     work = Path(args.work)
     splits = [(p, work / f"{p.stem}.jsonl", work / f"{p.stem}.stats.json") for p in map(Path, args.splits)]
     stage_began = time.perf_counter()

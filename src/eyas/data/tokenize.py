@@ -30,7 +30,7 @@ import json
 import multiprocessing
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,15 +112,21 @@ def _apply_tools(
     return [{"role": "system", "content": block}, *messages], None
 
 
-def _render(
+def _render_text(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list | None, generation_prompt: bool
-) -> list[int]:
+) -> str:
     try:
-        text = tokenizer.apply_chat_template(
+        return tokenizer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
         )
     except jinja2.TemplateError as err:  # templates reject conversations with raise_exception(...)
         raise SampleRejected("template_error", f"{type(err).__name__}: {err}") from None
+
+
+def _render(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list | None, generation_prompt: bool
+) -> list[int]:
+    text = _render_text(tokenizer, messages, tools, generation_prompt)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -168,12 +174,26 @@ def build_sample(
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: str | None) -> list[int]:
     """Tokens of the conversation before its last assistant turn, plus the generation prompt."""
+    return render_prompts(tokenizer, [(messages, tools)])[0]
+
+
+def render_prompts(
+    tokenizer: PreTrainedTokenizerBase, conversations: Sequence[tuple[list[dict], str | None]]
+) -> list[list[int]]:
+    """`render_prompt` of each `(messages, tools)`, the texts tokenized in one call: a fast tokenizer
+    encodes a batch on all cores (a turn round's ~4,400 tool-use histories: 1.2 ms each, one at a
+    time). The first conversation that cannot be rendered raises its `SampleRejected`."""
+    texts = [_prompt_text(tokenizer, messages, tools) for messages, tools in conversations]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+def _prompt_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: str | None) -> str:
     _check_no_special_tokens(tokenizer, messages, tools)
     messages, tool_arg = _apply_tools(tokenizer, messages, tools)
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
     if last is None:
         raise SampleRejected("no_loss_tokens", "conversation has no assistant turn")
-    return _render(tokenizer, messages[:last], tool_arg, generation_prompt=True)
+    return _render_text(tokenizer, messages[:last], tool_arg, generation_prompt=True)
 
 
 _USER_CONTENT_MARK = "\x00eyas-user-content\x00"  # no template writes this; it marks where the content goes

@@ -31,7 +31,7 @@ import torch
 from eyas.core.atomic import atomic_file
 from eyas.data.formats import PROMPT_PLACEHOLDER, RecordRejected, normalize_record
 from eyas.data.prepare import dumps_line, read_records
-from eyas.data.tokenize import render_prompt, special_texts, user_turn_prefix
+from eyas.data.tokenize import render_prompts, special_texts, user_turn_prefix
 from eyas.regenerate.filters import DuplicateFilter, TurnLimits, check_turn, language
 from eyas.regenerate.mix import Steer, plan
 from eyas.regenerate.responses import HFGenerator, SglangGenerator
@@ -69,7 +69,7 @@ def _write_answers(live, generate_answer, tokenizer, stats) -> None:
     """The target's answer to each live conversation's last user turn (as written out, no steer); an
     empty one, or one spelling out a special token, ends its conversation."""
     placeholder = {"role": "assistant", "content": PROMPT_PLACEHOLDER}
-    prompts = [render_prompt(tokenizer, [*c.messages, placeholder], c.steer.tools) for c in live]
+    prompts = render_prompts(tokenizer, [([*c.messages, placeholder], c.steer.tools) for c in live])
     specials = special_texts(tokenizer)
     for conversation, tokens in zip(live, generate_answer(prompts), strict=True):
         stats["answers_written"] += 1

@@ -40,7 +40,7 @@ from eyas.config import RegenerateSettings, SglangSettings
 from eyas.core.atomic import atomic_file
 from eyas.core.logs import Progress, heartbeat
 from eyas.data.formats import sample_id
-from eyas.data.tokenize import SampleRejected, read_prepared, render_prompt
+from eyas.data.tokenize import SampleRejected, read_prepared, render_prompt, render_prompts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -153,21 +153,49 @@ def _assistant_turns(messages: list[dict], turns: str) -> list[int]:
     return positions if turns == "all" else positions[-1:]
 
 
+def _has_turn(stream, round_index) -> bool:
+    return not stream["done"] and round_index < len(stream["turns"])
+
+
+def _history(state, stream, round_index) -> tuple[list[dict], str | None]:
+    """(messages, tools) to render the prompt of `stream`'s turn `round_index` > 0 from."""
+    return stream["messages"][: stream["turns"][round_index] + 1], state["records"][stream["record"]]["tools"]
+
+
+def _fits(state, stream, round_index, ids, max_prompt_length) -> bool:
+    """Whether the prompt fits; one over the limit ends its stream, its remaining turns kept."""
+    if len(ids) <= max_prompt_length:
+        return True
+    stream["done"] = True
+    state["stats"]["turns_kept"] += len(stream["turns"]) - round_index
+    return False
+
+
 def _turn_prompt(state, stream, round_index, tokenizer, max_prompt_length) -> list[int] | None:
     """The prompt of `stream`'s turn `round_index`, or None where the stream has no such turn left (it
-    ended, or this prompt is over the limit: its remaining turns are kept)."""
-    if stream["done"] or round_index >= len(stream["turns"]):
+    ended, or this prompt is over the limit)."""
+    if not _has_turn(stream, round_index):
         return None
     if round_index == 0:
         ids = stream["first"]  # rendered once per conversation, shared by its samples
     else:
-        tools = state["records"][stream["record"]]["tools"]
-        ids = render_prompt(tokenizer, stream["messages"][: stream["turns"][round_index] + 1], tools)
-    if len(ids) > max_prompt_length:
-        stream["done"] = True
-        state["stats"]["turns_kept"] += len(stream["turns"]) - round_index
-        return None
-    return ids
+        ids = render_prompt(tokenizer, *_history(state, stream, round_index))
+    return ids if _fits(state, stream, round_index, ids, max_prompt_length) else None
+
+
+def _round_prompts(states, round_index, tokenizer, max_prompt_length) -> list[tuple[dict, dict, list[int]]]:
+    """(state, stream, prompt) of every stream with a turn `round_index` that fits, as `_turn_prompt`
+    gives them one at a time, the round's histories tokenized in one call (`render_prompts`)."""
+    live = [(st, stream) for st in states for stream in st["streams"] if _has_turn(stream, round_index)]
+    if round_index == 0:
+        prompts = [stream["first"] for _, stream in live]
+    else:
+        prompts = render_prompts(tokenizer, [_history(state, stream, round_index) for state, stream in live])
+    return [
+        (state, stream, ids)
+        for (state, stream), ids in zip(live, prompts, strict=True)
+        if _fits(state, stream, round_index, ids, max_prompt_length)
+    ]
 
 
 def _take_turn(state, stream, round_index, tokens: list[int], tokenizer) -> None:
@@ -189,14 +217,8 @@ def _stream_round(
     states, round_index, tokenizer: PreTrainedTokenizerBase, generate, max_prompt_length
 ) -> None:
     """Regenerate turn `round_index` of every live stream of every split (one generate call)."""
-    todo, prompts = [], []
-    for state in states:
-        for stream in state["streams"]:
-            ids = _turn_prompt(state, stream, round_index, tokenizer, max_prompt_length)
-            if ids is not None:
-                todo.append((state, stream))
-                prompts.append(ids)
-    for (state, stream), tokens in zip(todo, generate(prompts), strict=True):
+    todo = _round_prompts(states, round_index, tokenizer, max_prompt_length)
+    for (state, stream, _), tokens in zip(todo, generate([ids for _, _, ids in todo]), strict=True):
         _take_turn(state, stream, round_index, tokens, tokenizer)
 
 
