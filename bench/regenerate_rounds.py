@@ -54,10 +54,12 @@ def run_case(case: str, tokenizer, prepared: Path, answer: list[int], args, work
 
     try:
         began = time.perf_counter()
-        shape = dict(max_prompt_length=args.max_length - args.max_new_tokens, samples=args.samples, turns="all")
-        state = responses.prepare_split(prepared, tokenizer, **shape)
+        limit = args.max_length - args.max_new_tokens
+        state = responses.prepare_split(
+            prepared, tokenizer, max_prompt_length=limit, samples=args.samples, turns="all"
+        )
         prepared_at = time.perf_counter()
-        responses.regenerate_rounds([state], generate, tokenizer, max_prompt_length=shape["max_prompt_length"])
+        responses.regenerate_rounds([state], generate, tokenizer, max_prompt_length=limit)
         rounds_at = time.perf_counter()
         out = work / f"{case}.jsonl"
         stats = responses.write_split(state, out)
@@ -78,10 +80,14 @@ def run_case(case: str, tokenizer, prepared: Path, answer: list[int], args, work
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="the target's HF dir (its tokenizer is used)")
-    ap.add_argument("--prepared", type=Path, required=True, help="a prepared split (results/prepared/*.jsonl)")
+    ap.add_argument(
+        "--prepared", type=Path, required=True, help="a prepared split (results/prepared/*.jsonl)"
+    )
     ap.add_argument("--out", type=Path, required=True, help="the result JSON")
     ap.add_argument("--samples", type=int, default=4, help="regenerate.samples (the GPU recipe's)")
-    ap.add_argument("--answer-tokens", type=int, default=253, help="tokens a stand-in answer (H100 run's mean)")
+    ap.add_argument(
+        "--answer-tokens", type=int, default=253, help="tokens a stand-in answer (H100 run's mean)"
+    )
     ap.add_argument("--max-length", type=int, default=2048, help="tokenize.max_length")
     ap.add_argument("--max-new-tokens", type=int, default=384, help="regenerate.max_new_tokens")
     ap.add_argument("--repeats", type=int, default=2, help="passes of each case, alternated")
@@ -96,10 +102,17 @@ def main() -> None:
                 print(cases[-1], flush=True)
     if len({c["output_sha256"] for c in cases}) != 1:
         raise SystemExit("regenerate_rounds: the cases wrote different outputs")
-    best = {name: min(c["rounds_seconds"] for c in cases if c["case"] == name) for name in ("together", "one-at-a-time")}
+    best = {
+        name: min(c["rounds_seconds"] for c in cases if c["case"] == name)
+        for name in ("together", "one-at-a-time")
+    }
     result = {
         "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable), *sys.argv]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "cases": cases,
         "rounds_seconds_best": best,
