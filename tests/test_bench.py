@@ -5,6 +5,7 @@ script unseen."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -133,3 +134,28 @@ def test_validate_bench_shards_its_synthetic_stores(monkeypatch, tmp_path):
     scans = result["scan_alone"]  # --compare-src's scan (here this tree's, in a child process) first
     assert [(s["code"].endswith("(--compare-src)"), s["threads"]) for s in scans] == [(True, 2), (False, 2)]
     assert all(c == {"nan": 0, "inf": 0} for c in result["nonfinite"].values())
+
+
+def test_regenerate_rounds_bench_writes_the_same_bytes_either_way(tmp_path, tokenizer_dir):
+    """bench/regenerate_rounds.py on a small multi-turn split: both cases pass every round and write
+    the same output (it exits non-zero when they differ)."""
+    messages = []
+    for t in range(3):
+        messages += [
+            {"role": "user", "content": f"Question {t}?"},
+            {"role": "assistant", "content": f"Answer {t}."},
+        ]
+    records = [{"id": str(i), "source": f"x:{i}", "messages": messages[: 2 * (1 + i % 3)], "tools": None}
+               for i in range(6)]  # fmt: skip
+    prepared = tmp_path / "train.jsonl"
+    prepared.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "rounds.json"
+    command = [sys.executable, str(BENCH / "regenerate_rounds.py"), "--model", str(tokenizer_dir),
+               "--prepared", str(prepared), "--out", str(out), "--samples", "2",
+               "--repeats", "1"]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, env=env(), cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert [c["case"] for c in result["cases"]] == ["together", "one-at-a-time"]
+    for case in result["cases"]:
+        assert case["prompts_a_round"] == [12, 8, 4] and case["turns_regenerated"] == 24
