@@ -104,7 +104,8 @@ class SglangSettings:
     """Further SGLang `ServerArgs` for the engine (e.g. `ep_size`, `enable_dp_attention`,
     `moe_runner_backend`, `load_format`), checked against the installed SGLang's fields. Args eyas
     sets itself (the keys above, and what capture and speculative decoding depend on: prefix cache,
-    capture mode, layer ids, draft model and steps) cannot be set here."""
+    capture mode, layer ids, draft model and steps) cannot be set here. Extraction refuses `dp_size` or
+    `pp_size` above 1: its store is written by one scheduler (TP rank 0)."""
 
 
 @dataclass
@@ -330,9 +331,9 @@ class RegenerateEngineSettings:
     """`sglang`: each conversation's next turn goes to the engines as soon as its last one is back
     (`turns: all`), instead of one generate call a turn round: a round ends with its slowest response,
     and the later rounds hold only the few multi-turn conversations (39 of the 120 s the cut recipe's
-    4 engines generated for on an H100). Same prompts and counts. Off until measured: each prompt is
-    then its own request to SGLang, not one batch a round (bench/gpu/generation.py's `engines-4` and
-    `engines-4-pipelined` compare the two)."""
+    4 engines generated for on an H100). Same prompts and counts; each prompt is then its own request to
+    SGLang, not one batch a round. Off: on the demo prompts with 4 engines it took 109-112 s against
+    113 s, no faster while generating (H100, bench/results/generation-pipelined-h100-smollm2.json)."""
     start_together: bool = False
     """`sglang`, `engines` > 1: start every engine at once, each one's GPU work (weights, memory
     sizing, graph capture) after the one before it is ready, instead of one engine after the other: an
