@@ -181,8 +181,9 @@ def render_prompts(
     tokenizer: PreTrainedTokenizerBase, conversations: Sequence[tuple[list[dict], str | None]]
 ) -> list[list[int]]:
     """`render_prompt` of each `(messages, tools)`, the texts tokenized in one call: a fast tokenizer
-    encodes a batch on all cores (a turn round's ~4,400 tool-use histories: 1.2 ms each, one at a
-    time). The first conversation that cannot be rendered raises its `SampleRejected`."""
+    encodes a batch on all cores (the demo prompts' later turn rounds hold ~4,400 tool-use histories,
+    1.2 ms each one at a time on 2 cores). The first conversation that cannot be rendered raises its
+    `SampleRejected`."""
     texts = [_prompt_text(tokenizer, messages, tools) for messages, tools in conversations]
     return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
