@@ -114,9 +114,11 @@ def test_hook_on_the_real_runner_writes_every_chunk(tmp_path, shard, runner_clas
     assert (tmp_path / "hidden.zarr.stats.json").exists()
 
 
-def test_only_attention_tp_rank_0_writes(tmp_path, shard, runner_class):
+def test_only_tp_rank_0_writes(tmp_path, shard, runner_class):
+    """A scheduler of TP rank > 0 (`scheduler_process` reads its rank) installs the hook but writes
+    nothing."""
     path, samples = shard
-    install_capture(_spec(tmp_path, path))
+    install_capture(_spec(tmp_path, path), writer_rank=False)
     runner_class.forward(
         _runner(runner_class, tp_rank=1), _batch([(request_rid(PREFIX, 3), 3, 0, 3)], samples)
     )

@@ -28,27 +28,18 @@ def _logits_output(output):
     return output.logits_output if hasattr(output, "logits_output") else output[0]
 
 
-def _is_writer_rank(runner) -> bool:
-    """Every TP rank holds the full hidden states after the all-reduce; attention-TP rank 0 writes."""
-    try:
-        from sglang.srt.layers.dp_attention import get_attention_tp_rank
-
-        return get_attention_tp_rank() == 0
-    except (ImportError, AssertionError, AttributeError):
-        return getattr(runner, "tp_rank", 0) == 0
-
-
 def _tp_rank(args: tuple, kwargs: dict) -> int:
     """`run_scheduler_process(server_args, port_args, gpu_id, tp_rank, ...)` in sglang 0.5.17-0.5.23;
-    the engine passes them positionally. Extraction refuses DP and PP layouts
-    (`eyas.extract.sglang_backend.engine_args`), so TP rank 0 is the attention-TP rank 0 that writes."""
+    the engine passes them positionally. Every TP rank holds the full hidden states after the
+    all-reduce; TP rank 0 writes. Extraction refuses DP and PP layouts
+    (`eyas.extract.sglang_backend.engine_args`), so no other scheduler has requests of its own."""
     return int(args[3]) if len(args) > 3 else int(kwargs.get("tp_rank", 0))
 
 
 def install_capture(spec: CaptureSpec, writer_rank: bool = True) -> None:
     """In the scheduler process: wrap ModelRunner.forward (AFTER hook) and, on the `scheduler` route,
-    turn aux capture on. Idempotent. `writer_rank`: this process will write the store (TP rank 0), so
-    `writer_process`'s child is started now; other ranks start none."""
+    turn aux capture on. Idempotent. `writer_rank`: this process writes the store (TP rank 0): it
+    starts `writer_process`'s child now; other ranks start none and write nothing."""
     from sglang.srt.model_executor.model_runner import ModelRunner
 
     if spec.route == "scheduler":
@@ -64,9 +55,9 @@ def install_capture(spec: CaptureSpec, writer_rank: bool = True) -> None:
     @functools.wraps(original)
     def forward(self, forward_batch, *args, **kwargs):
         output = original(self, forward_batch, *args, **kwargs)
-        if getattr(self, "is_draft_worker", False) or not forward_batch.forward_mode.is_extend():
+        if not writer_rank or getattr(self, "is_draft_worker", False):
             return output
-        if not _is_writer_rank(self):
+        if not forward_batch.forward_mode.is_extend():
             return output
         pieces = batch_pieces(
             forward_batch.rids,
