@@ -45,6 +45,7 @@ LONGEST_FIRST = (  # seconds on a 2-core machine, two workers (pytest --duration
     "tests/faults/test_workflow_kill.py",  # ~150
     "tests/test_rerun.py",  # ~140
     "tests/test_workflow.py",  # ~340
+    "tests/test_gpu_recipe_on_cpu.py",  # ~210
 )
 LAST = ("tests/faults/test_slurm_preempt.py",)
 
