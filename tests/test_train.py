@@ -17,6 +17,7 @@ from trainkit import LAYERS, csv_rows, inputs, run, settings, spawn_worker
 from eyas.data.vocab import save_draft_vocab
 from eyas.model.drafter import Eagle3Drafter
 from eyas.store import ProvenanceError
+from eyas.store.writer import write_token_shard
 from eyas.train import drafter_setup
 from eyas.train.csvlog import TrainLog
 from eyas.train.loader import SORT_WINDOW, PairedLoader, conversation_kept, plan_batches, sort_window
@@ -402,3 +403,16 @@ def test_sigkill_mid_run_then_restart_gives_the_same_loss_curve_bitwise(data, tm
     b = Eagle3Drafter.from_pretrained(out / "drafter").state_dict()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_an_empty_heldout_split_is_refused_before_the_first_step(data, tmp_path):
+    """A split that drew no eval conversation (tiny data, a small data.eval_fraction) used to fail at the
+    end of the first epoch with a message about 'token shards'; now the run stops before it starts."""
+    empty = tmp_path / "eval-empty.zarr"
+    attrs = dict(zarr.open_group(data["shards"][1], mode="r").attrs)
+    write_token_shard(empty, [], [], attrs)
+    kwargs = inputs(data, tmp_path / "out", heldout=True)
+    kwargs["heldout"]["token_shards"] = [str(empty)]
+    with pytest.raises(ValueError, match=r"held-out token shards have no samples \(.*eval-empty\.zarr\)"):
+        train(settings(max_steps=2, select_by_tau=True), **kwargs)
+    assert not (tmp_path / "out" / "log.csv").exists()

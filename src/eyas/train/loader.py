@@ -164,7 +164,10 @@ class PairedLoader:
                     samples.append((pair, s, hi - lo))
         self.samples = np.array(samples, dtype=np.int64).reshape(-1, 3)
         if not len(self.samples):
-            raise ValueError(f"no trainable samples in {len(token_shards)} token shard(s)")
+            raise ValueError(
+                f"no trainable samples (at least {MIN_LENGTH} tokens with a loss token after the "
+                f"second) in {', '.join(token_shards)}"
+            )
 
     # ----------------------------------------------------------------------- planning
     def plan(self, epoch: int) -> list[np.ndarray]:

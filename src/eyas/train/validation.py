@@ -8,6 +8,7 @@ import logging
 import torch
 
 from eyas.model.drafter import Eagle3Drafter
+from eyas.store import read_token_shard
 from eyas.train import distributed
 from eyas.train.checkpoint import Checkpointer
 from eyas.train.heldout import evaluate_offline
@@ -21,6 +22,14 @@ class HeldoutMetrics:
     """Offline metrics (simulated tau, per-step accuracy) of given weights on the held-out stores."""
 
     def __init__(self, heldout: dict, model_dir: str, expected: dict, ttt_steps: int, device: torch.device):
+        """Refuses held-out shards without samples now, not at the end of the first epoch."""
+        shards = heldout["token_shards"]
+        if not sum(read_token_shard(path).num_samples for path in shards):
+            raise ValueError(
+                f"train.select_by_tau: the held-out token shards have no samples ({', '.join(shards)}): "
+                "no conversation fell in the eval split (each is held out when its hash is below "
+                "data.eval_fraction); raise data.eval_fraction or add conversations"
+            )
         self.heldout = heldout
         self.model_dir = model_dir
         self.expected = expected
