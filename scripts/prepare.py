@@ -21,3 +21,10 @@ stats = prepare(
     max_conversations=settings.max_conversations,
 )
 log.info("prepare: %s", json.dumps(stats))
+if stats["kept"] and not stats["splits"]["eval"]:  # train refuses it under train.select_by_tau
+    log.warning(
+        "prepare: no conversation fell in the eval split (data.eval_fraction %s of %d kept): "
+        "the held-out metrics and the heldout evaluation set have nothing to read",
+        settings.eval_fraction,
+        stats["kept"],
+    )
