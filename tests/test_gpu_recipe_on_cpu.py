@@ -39,6 +39,8 @@ def test_the_gpu_recipe_settings_run_through_snakemake_on_the_cpu(tmp_path):
     train_log = (results / "logs" / "train.log").read_text()
     stats = json.loads(train_log.rsplit("train: ", 1)[1].splitlines()[0])
     assert stats["steps"] == 3
+    assert len(stats["epochs"][0]["walked_tau_by_k"]) == 3  # held-out metrics ran, one per TTT step
     assert (results / "train" / "drafter" / "model.safetensors").is_file()
     summary = json.loads((results / "eval" / "summary.json").read_text())
-    assert summary["headline"]["tau"] >= 1.0
+    assert summary["meta"]["sets"]["heldout"]["prompts"] >= 1
+    assert set(summary["headline"]["tau_by_set"]) == {"heldout", "humaneval"}
