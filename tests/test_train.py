@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
 import signal
 import time
 
@@ -277,6 +278,22 @@ def test_more_loader_readers_still_resume_the_same_run(data, tmp_path, monkeypat
     _killed_at_step_3(data, tmp_path, monkeypatch)
     stats = run(data, tmp_path, settings(max_steps=4, loader_readers=3, checkpoint_every=3))
     assert stats["resumed_from_step"] == 2 and stats["steps"] == 4
+
+
+def test_reader_processes_outlive_the_sigterm_a_cluster_sends_every_process_of_its_job(data):
+    """SLURM preempts a job by signalling all its processes; the trainer's handler then saves a
+    checkpoint after the step in progress (eyas.train.preemption), for which its readers must live on."""
+    procs = PairedLoader(data["shards"], data["stores"], 64, 3, data["expected"], readers=2, processes=True)
+    plan = procs.plan(0)
+    batches = procs.batches(plan)
+    next(batches), next(batches)  # batch i comes from worker i % 2: both workers are up
+    workers = procs._workers.data._iterator._workers
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGTERM)
+    time.sleep(1.0)
+    assert all(worker.is_alive() for worker in workers)
+    assert len(list(batches)) == len(plan) - 2 > 0
+    procs.close()
 
 
 def test_training_with_reader_processes_logs_the_same_steps(data, tmp_path):

@@ -14,6 +14,7 @@ only on (seed, epoch): a resumed run skips batches without reading them.
 from __future__ import annotations
 
 import hashlib
+import signal
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -354,6 +355,16 @@ class _PlannedBatches(torch.utils.data.Dataset):
         return self.loader._read(rows, self.stores, pin=False)  # pinned by the DataLoader, here
 
 
+def _leave_sigterm_to_the_trainer(_worker_id: int) -> None:
+    """A reader worker ignores SIGTERM. A cluster preempts a job by signalling every process in it
+    (SLURM's requeue, https://slurm.schedmd.com/scontrol.html#OPT_requeue): a worker killed by it takes
+    the trainer down with "DataLoader worker exited unexpectedly" before the trainer can save the
+    checkpoint its own SIGTERM handler asks for (`eyas.train.preemption`). The workers still end with
+    the trainer (torch's workers watch their parent) or with SLURM's SIGKILL after its KillWait. A
+    worker signalled while it is still starting (its imports, at the run's start) dies all the same."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 class _ProcessReaders:
     """`readers` worker processes reading batches ahead (torch's DataLoader: each batch comes back
     through shared memory and is pinned in the caller's process), kept for the whole run.
@@ -375,6 +386,7 @@ class _ProcessReaders:
             persistent_workers=True,
             pin_memory=loader.pin_memory,
             multiprocessing_context="forkserver",
+            worker_init_fn=_leave_sigterm_to_the_trainer,
         )
 
     def batches(self, plan: list[np.ndarray | None]) -> Iterator[Batch | None]:
