@@ -227,7 +227,8 @@ class TrainSettings:
     back through shared memory. In the GPU trainer (H100, the GPU recipe's compiled 16k step) a step
     took 87.3 ms with reader processes against 112.1 ms beside reader threads
     (bench/results/train-loader-h100-smollm2-demo.json); the first batch waited 12 s for the workers.
-    What is trained is the same, so a checkpoint resumes across values."""
+    What is trained is the same, so a checkpoint resumes across values. The workers ignore SIGTERM,
+    which a cluster sends every process of a preempted job: the trainer saves its checkpoint first."""
     nproc: int = bounded(1, ge=1, le=1024)
     """Data-parallel processes (torchrun on this node; one GPU each on CUDA, gloo on CPU). The global
     batch of a step is nproc * grad_accum micro-batches of `token_budget` padded tokens."""
