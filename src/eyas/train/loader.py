@@ -359,9 +359,11 @@ def _leave_sigterm_to_the_trainer(_worker_id: int) -> None:
     """A reader worker ignores SIGTERM. A cluster preempts a job by signalling every process in it
     (SLURM's requeue, https://slurm.schedmd.com/scontrol.html#OPT_requeue): a worker killed by it takes
     the trainer down with "DataLoader worker exited unexpectedly" before the trainer can save the
-    checkpoint its own SIGTERM handler asks for (`eyas.train.preemption`). The workers still end with
-    the trainer (torch's workers watch their parent) or with SLURM's SIGKILL after its KillWait. A
-    worker signalled while it is still starting (its imports, at the run's start) dies all the same."""
+    checkpoint its own SIGTERM handler asks for (`eyas.train.preemption`). The forkserver the workers
+    come from dies of the same signal, and each worker then stops after the batch it is reading (torch's
+    workers watch their parent): batches are taken in order, so that is the one the trainer waits for.
+    Not covered: a step that gathers more micro-batches than there are readers after the signal
+    (`grad_accum`), and a worker signalled while it still imports, at the run's start."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
