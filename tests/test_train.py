@@ -422,12 +422,15 @@ def test_sigkill_mid_run_then_restart_gives_the_same_loss_curve_bitwise(data, tm
         assert torch.equal(a[name], b[name]), name
 
 
-def test_an_empty_heldout_split_is_refused_before_the_first_step(data, tmp_path):
-    """A split that drew no eval conversation (tiny data, a small data.eval_fraction) used to fail at the
-    end of the first epoch with a message about 'token shards'; now the run stops before it starts."""
+@pytest.mark.parametrize("samples", [[], [([5, 6], [0, 1])]], ids=["no-sample", "too-short"])
+def test_an_empty_heldout_split_is_refused_before_the_first_step(data, tmp_path, samples):
+    """A split that drew no eval conversation (tiny data, a small data.eval_fraction), or none the loader
+    can measure, used to fail at the end of the first epoch with a message about 'token shards'; now
+    the run stops before it starts."""
     empty = tmp_path / "eval-empty.zarr"
     attrs = dict(zarr.open_group(data["shards"][1], mode="r").attrs)
-    write_token_shard(empty, [], [], attrs)
+    arrays = [(np.array(ids, dtype=np.int32), np.array(mask, dtype=bool)) for ids, mask in samples]
+    write_token_shard(empty, arrays, [f"c{i}" for i in range(len(arrays))], attrs)
     kwargs = inputs(data, tmp_path / "out", heldout=True)
     kwargs["heldout"]["token_shards"] = [str(empty)]
     with pytest.raises(ValueError, match=r"held-out token shards have no samples \(.*eval-empty\.zarr\)"):

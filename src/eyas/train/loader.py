@@ -41,6 +41,12 @@ MIN_LENGTH = 3  # a sample needs t + 2 < T for one loss position
 BATCH_PLAN = 2  # plan_batches version, in the checkpoint fingerprint: a resume skips its own plan's batches
 
 
+def trainable(loss_mask: np.ndarray, lo: int, hi: int) -> bool:
+    """A sample of a shard's rows [lo, hi) trains (and is measured held out): at least MIN_LENGTH
+    tokens and a loss token after its second."""
+    return hi - lo >= MIN_LENGTH and bool(loss_mask[lo + 2 : hi].any())
+
+
 def conversation_kept(sample_id: str, fraction: float, seed: int) -> bool:
     """Whether a sample's conversation is in the `fraction` subset: sha256(seed, conversation id) read
     as a number in [0, 1) is below `fraction`, so subsets are nested and samples of one conversation
@@ -161,7 +167,7 @@ class PairedLoader:
                     self.skipped_by_fraction += 1
                     continue
                 lo, hi = int(shard.sample_offsets[s]), int(shard.sample_offsets[s + 1])
-                if hi - lo >= MIN_LENGTH and shard.loss_mask[lo + 2 : hi].any():
+                if trainable(shard.loss_mask, lo, hi):
                     samples.append((pair, s, hi - lo))
         self.samples = np.array(samples, dtype=np.int64).reshape(-1, 3)
         if not len(self.samples):

@@ -12,22 +12,33 @@ from eyas.store import read_token_shard
 from eyas.train import distributed
 from eyas.train.checkpoint import Checkpointer
 from eyas.train.heldout import evaluate_offline
+from eyas.train.loader import MIN_LENGTH, trainable
 from eyas.train.parallel import Replicated
 from eyas.train.run_state import RunState
 
 log = logging.getLogger("eyas.train")
 
 
+def _has_trainable_sample(token_shard: str) -> bool:
+    shard = read_token_shard(token_shard)
+    offsets = shard.sample_offsets
+    return any(
+        trainable(shard.loss_mask, int(offsets[s]), int(offsets[s + 1])) for s in range(shard.num_samples)
+    )
+
+
 class HeldoutMetrics:
     """Offline metrics (simulated tau, per-step accuracy) of given weights on the held-out stores."""
 
     def __init__(self, heldout: dict, model_dir: str, expected: dict, ttt_steps: int, device: torch.device):
-        """Refuses held-out shards without samples now, not at the end of the first epoch."""
+        """Refuses held-out shards without a sample to measure now (the loader's `trainable`), not
+        at the end of the first epoch, where the held-out loader would."""
         shards = heldout["token_shards"]
-        if not sum(read_token_shard(path).num_samples for path in shards):
+        if not any(map(_has_trainable_sample, shards)):
             raise ValueError(
-                f"train.select_by_tau: the held-out token shards have no samples ({', '.join(shards)}): "
-                "no conversation fell in the eval split (each is held out when its hash is below "
+                f"train.select_by_tau: the held-out token shards have no samples ({', '.join(shards)}) "
+                f"to measure (at least {MIN_LENGTH} tokens with a loss token after the second): no "
+                "conversation fell in the eval split (each is held out when its hash is below "
                 "data.eval_fraction); raise data.eval_fraction or add conversations"
             )
         self.heldout = heldout
