@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -201,6 +202,10 @@ def test_from_target_config_reads_rope_parameters():
         DrafterConfig.from_target_config(target, draft_vocab_size=8192, aux_layer_ids=[1, 14, 26])
     with pytest.raises(ValueError, match="unknown"):
         DrafterConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+    target["rope_parameters"] = {"rope_theta": 100000.0, "rope_type": "default"}
+    wide = DrafterConfig.from_target_config(target, 8192, [1, 14, 26], intermediate_size=6144)
+    assert wide.intermediate_size == 6144 and cfg.intermediate_size == 1536  # null keeps the target's
+    assert dataclasses.replace(wide, intermediate_size=1536) == cfg
 
 
 def reference_tree_attention(q, k0, v0, k_diag, v_diag):

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import zarr
 from trainkit import LAYERS, csv_rows, inputs, run, settings, spawn_worker
 
 from eyas.data.vocab import save_draft_vocab
+from eyas.export import export_sglang
 from eyas.model.drafter import Eagle3Drafter
 from eyas.store import ProvenanceError
 from eyas.store.writer import write_token_shard
@@ -206,6 +208,20 @@ def test_training_reduces_loss_and_writes_outputs(data, tmp_path):
     paces = [(e["seconds"], e["tokens_per_s"], e["loader_wait_seconds"]) for e in stats["epochs"]]
     assert paces and all(s > 0 and r > 0 and 0 <= w <= s for s, r, w in paces)  # each epoch's pace
     assert sum(s for s, _, _ in paces) >= stats["seconds"] - 0.01  # epochs hold the steps (and more)
+
+
+def test_a_wider_draft_mlp_is_trained_saved_and_exported_at_its_width(data, tmp_path):
+    """train.intermediate_size: the drafter, its saved config and the SGLang export (whose config.json
+    SGLang builds the draft layer from) all carry the asked MLP width, not the target's."""
+    target_width = json.loads((Path(data["model"]) / "config.json").read_text())["intermediate_size"]
+    wide = 3 * target_width
+    run(data, tmp_path, settings(max_steps=4, checkpoint_every=0, intermediate_size=wide))
+    model = Eagle3Drafter.from_pretrained(tmp_path / "drafter")
+    assert model.config.intermediate_size == wide
+    assert tuple(model.layers[0].mlp.gate_proj.weight.shape) == (wide, model.config.hidden_size)
+    export_sglang(tmp_path / "drafter", tmp_path / "export")
+    exported = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert exported["intermediate_size"] == wide
 
 
 @pytest.mark.parametrize(

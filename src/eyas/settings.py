@@ -245,6 +245,11 @@ class TrainSettings:
     (DeepSeek-V2 multi-latent attention with the target's MLA dims, or dims derived from its head
     width for a target without MLA; served as `Eagle3DeepseekV2ForCausalLM`), `auto` = `mla` for a
     target with MLA (`kv_lora_rank` in its config, e.g. DeepSeek-V3, Kimi-K2.5), else `llama`."""
+    intermediate_size: int | None = bounded(None, ge=1, le=2**20)
+    """Width of the draft layer's MLP; null = the target's, the shape of one target layer as EAGLE-3
+    builds it (arXiv 2503.01840). SGLang builds the draft from its own config.json, so any width is
+    served (`LlamaForCausalLMEagle3` reads `intermediate_size`, sglang 0.5.17
+    `srt/models/llama_eagle3.py`). A wider MLP is more capacity for the same hidden states."""
     fc_norm: bool = False
     """mla only: an RMSNorm on each aux tap before fc (EAGLE-3.1's `fc_norm`)."""
     norm_output: bool = False

@@ -103,10 +103,12 @@ class DrafterConfig:
         attention: str = "llama",
         fc_norm: bool = False,
         norm_output: bool = False,
+        intermediate_size: int | None = None,
     ) -> DrafterConfig:
         """Shape the drafter like the target from its HF `config.json` dict (a multimodal wrapper's
         `text_config`). attention `mla`: MLA dims from `eyas.model.mla.mla_dims`; `auto`: `mla` for
-        a target with MLA (`kv_lora_rank` in its config), else `llama`."""
+        a target with MLA (`kv_lora_rank` in its config), else `llama`. `intermediate_size`: the draft
+        layer's MLP width, None = the target's."""
         c = target_config.get("text_config") or target_config
         if attention == "auto":
             attention = "mla" if c.get("kv_lora_rank") else "llama"
@@ -125,7 +127,7 @@ class DrafterConfig:
         mla = mla_dims(c) if attention == "mla" else {}
         return cls(
             hidden_size=int(c["hidden_size"]),
-            intermediate_size=int(c["intermediate_size"]),
+            intermediate_size=int(intermediate_size or c["intermediate_size"]),
             num_attention_heads=heads,
             num_key_value_heads=heads if mla else int(c.get("num_key_value_heads") or heads),
             head_dim=(

@@ -67,6 +67,7 @@ def _build_model(
         attention=settings.drafter,
         fc_norm=settings.fc_norm,
         norm_output=settings.norm_output,
+        intermediate_size=settings.intermediate_size,
     )
     if config.hidden_size != attrs["hidden_size"]:
         raise ProvenanceError(f"target hidden_size {config.hidden_size} != stores' {attrs['hidden_size']}")
