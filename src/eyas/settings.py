@@ -249,7 +249,9 @@ class TrainSettings:
     """Width of the draft layer's MLP; null = the target's, the shape of one target layer as EAGLE-3
     builds it (arXiv 2503.01840). SGLang builds the draft from its own config.json, so any width is
     served (`LlamaForCausalLMEagle3` reads `intermediate_size`, sglang 0.5.17
-    `srt/models/llama_eagle3.py`). A wider MLP is more capacity for the same hidden states."""
+    `srt/models/llama_eagle3.py`). A 4x wider MLP (6,144 for SmolLM2-135M) served +0.023 ± 0.020 τ at
+    k = 3 on 2.2M tokens for 0.93x the trainer's throughput, within run-to-run spread (H100,
+    bench/results/drafter-width-h100-smollm2-demo-s2.json), so the recipes keep the target's width."""
     fc_norm: bool = False
     """mla only: an RMSNorm on each aux tap before fc (EAGLE-3.1's `fc_norm`)."""
     norm_output: bool = False
