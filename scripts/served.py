@@ -28,6 +28,9 @@ def main(sm) -> None:
             set_name,
             {d: {k: r["tau"] for k, r in by_k.items()} for d, by_k in drafters.items()},
         )
+        for k, report in drafters["trained"].items():  # where the drafter is weak: tau by input file
+            by_origin = {o: f"{r['tau']:.3f} ({r['prompts']})" for o, r in report["tau_by_origin"].items()}
+            log.info("served %s / trained / k=%s by input: %s", set_name, k, by_origin)
 
 
 # SGLang's scheduler is spawned (multiprocessing spawn re-imports this script as __mp_main__).

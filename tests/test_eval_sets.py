@@ -23,7 +23,7 @@ def write_jsonl(path, records):
 def test_humaneval_prompt_is_one_user_turn(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "he.jsonl", [PROBLEM, {**PROBLEM, "task_id": "HumanEval/1"}])
     got = load_prompt_set("humaneval", path, tokenizer, limit=5, max_length=1000)
-    assert len(got.prompts) == 2 and got.skipped_too_long == 0
+    assert len(got.prompts) == 2 and got.skipped_too_long == 0 and got.origins == ["humaneval"] * 2
     text = tokenizer.decode(got.prompts[0])
     assert HUMANEVAL_INSTRUCTION.format(prompt=PROBLEM["prompt"]) in text
     assert "return a + b" not in text  # the reference solution is never part of the prompt
@@ -43,10 +43,13 @@ def test_heldout_prompts_from_prepared_conversations(tmp_path, tokenizer):
         ],
         "tools": None,
     }
-    path = write_jsonl(tmp_path / "eval.jsonl", [record])
+    target_written = {**record, "id": "b", "source": "results/prompts/target.jsonl:7"}
+    path = write_jsonl(tmp_path / "eval.jsonl", [record, target_written])
     got = load_prompt_set("heldout", path, tokenizer, limit=4, max_length=1000)
-    assert len(got.prompts) == 1 and "Hello!" not in tokenizer.decode(got.prompts[0])
-    assert got.meta() == {"source": str(path), "prompts": 1, "skipped": 0}
+    assert len(got.prompts) == 2 and "Hello!" not in tokenizer.decode(got.prompts[0])
+    # each prompt's input file, for tau by input (`eyas.evaluate.served.tau_by_origin`)
+    assert got.origins == ["x", "target.jsonl"]
+    assert got.meta() == {"source": str(path), "prompts": 2, "skipped": 0, "origins": ["x", "target.jsonl"]}
 
 
 def test_bad_humaneval_names_line_and_field(tmp_path):
@@ -77,6 +80,7 @@ def test_prompt_files_in_each_format_with_rejects_counted(tmp_path, tokenizer):
     got = load_prompt_set("mine", path, tokenizer, limit=10, max_length=1000, fmt="auto")
     texts = [tokenizer.decode(p) for p in got.prompts]
     assert len(texts) == 4 and "Name a colour." in texts[0] and "Blue." not in texts[0]
+    assert got.origins == ["prompts.jsonl"] * 4
     assert "Name a fruit." in texts[1] and "Hello?" in texts[2] and "1 2 3" not in texts[3]
     assert all(t.rstrip().endswith("assistant") for t in texts)  # each ends with the generation prompt
     meta = got.meta()

@@ -22,6 +22,7 @@ from eyas.evaluate.served import (
     compare_to_plain,
     request_figures,
     specdec_view,
+    tau_by_origin,
 )
 from eyas.evaluate.stage_served import read_served
 from eyas.evaluate.summary import build_summary
@@ -67,6 +68,7 @@ def test_accept_lengths_in_both_definitions_and_by_position():
     assert out["tau_sglang"] == pytest.approx(14 / 6)
     assert out["tau"] == pytest.approx(12 / 6)  # eyas: the prefill's token is not a pass's
     assert out["per_prompt_tau"] == [pytest.approx(3.0), pytest.approx(1.0)]
+    assert out["per_prompt_completion"] == [10, 4] and out["per_prompt_verify"] == [3, 3]
     # passes by drafts accepted over both prompts: a=0: 3, a=1: 1, a=2: 1, a=3: 1 (6 passes)
     assert out["position_attempted"] == [6, 6, 6]
     assert out["position_reached"] == [6, 3, 2]
@@ -224,3 +226,22 @@ def test_a_broken_export_is_refused_before_serving_naming_file_and_key(tmp_path)
     (export / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="has no weights"):
         check_export(export, config)
+
+
+def test_tau_by_origin_pools_each_inputs_prompts_as_the_set_is_pooled():
+    requests = [
+        {"completion": 10, "verify": 3, "histogram": []},  # 9 tokens after the prefill's in 3 passes
+        {"completion": 4, "verify": 3, "histogram": []},  # 3 in 3
+        {"completion": 7, "verify": 2, "histogram": []},  # 6 in 2
+    ]
+    report = aggregate(requests, k=3)
+    by_origin = tau_by_origin(report, ["alpaca_zh_demo.json", "target.jsonl", "alpaca_zh_demo.json"])
+    assert by_origin == {
+        "alpaca_zh_demo.json": {"prompts": 2, "tau": pytest.approx(15 / 5)},
+        "target.jsonl": {"prompts": 1, "tau": pytest.approx(1.0)},
+    }
+    assert sum(o["prompts"] for o in by_origin.values()) == report["prompts"]
+    one_origin = tau_by_origin(report, ["x"] * 3)  # one input: the set's own tau
+    assert one_origin["x"]["tau"] == pytest.approx(report["tau"])
+    with pytest.raises(ValueError, match="2 prompt origins for 3 served prompts"):
+        tau_by_origin(report, ["x", "y"])

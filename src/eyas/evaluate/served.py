@@ -77,9 +77,27 @@ def aggregate(requests: list[dict], k: int) -> dict:
         "tau_sglang": tau_sglang(completion, verify),
         "tau": tau_from_completions(completion, len(requests), verify),
         "per_prompt_tau": [tau_from_completions(r["completion"], 1, r["verify"]) for r in requests],
+        "per_prompt_completion": [r["completion"] for r in requests],
+        "per_prompt_verify": [r["verify"] for r in requests],
     }
     if len(histograms) == len(requests):
         out |= acceptance_by_position(*counts_from_histograms(histograms, k))
+    return out
+
+
+def tau_by_origin(report: dict, origins: list[str]) -> dict:
+    """{origin: {prompts, tau}} of one (set, drafter, k) report whose prompts came from `origins` (one
+    per prompt, e.g. the input file of each held-out prompt): tau pooled over each origin's prompts as
+    `aggregate` pools the set's."""
+    completions, verifies = report["per_prompt_completion"], report["per_prompt_verify"]
+    if len(origins) != len(completions):
+        raise ValueError(f"{len(origins)} prompt origins for {len(completions)} served prompts")
+    out = {}
+    for origin in sorted(set(origins)):
+        picked = [i for i, o in enumerate(origins) if o == origin]
+        completion = sum(completions[i] for i in picked)
+        verify = sum(verifies[i] for i in picked)
+        out[origin] = {"prompts": len(picked), "tau": tau_from_completions(completion, len(picked), verify)}
     return out
 
 

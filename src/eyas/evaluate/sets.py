@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eyas.data.formats import RecordRejected, normalize_prompt_record
@@ -35,6 +36,7 @@ class PromptSet:
     name: str
     source: str
     prompts: list[list[int]] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)  # per prompt: the input file it came from
     skipped_too_long: int = 0
     read: int | None = None  # prompt files: records read, those past `limit`, those rejected (reason)
     over_limit: int = 0
@@ -42,6 +44,7 @@ class PromptSet:
 
     def meta(self) -> dict:
         meta = {"source": self.source, "prompts": len(self.prompts), "skipped": self.skipped_too_long}
+        meta["origins"] = list(self.origins)
         if self.read is not None:
             meta |= {"read": self.read, "over_limit": self.over_limit, "rejected": len(self.rejects)}
             meta["rejects"] = list(self.rejects)
@@ -52,22 +55,30 @@ def _collect(
     name: str, source, records, tokenizer: PreTrainedTokenizerBase, limit: int, max_length: int
 ) -> PromptSet:
     out = PromptSet(name=name, source=str(source))
-    for messages, tools in records:
+    for messages, tools, origin in records:
         if len(out.prompts) == limit:
             break
         ids = render_prompt(tokenizer, messages, tools)
         if len(ids) <= max_length:
             out.prompts.append(ids)
+            out.origins.append(origin)
         else:
             out.skipped_too_long += 1
     return out
 
 
+def source_file(source: str) -> str:
+    """`<file>:<line>` (a record's `source`) -> the file's name."""
+    return Path(source.rpartition(":")[0] or source).name
+
+
 def heldout_prompts(
     conversations: str | os.PathLike, tokenizer: PreTrainedTokenizerBase, limit: int, max_length: int
 ) -> PromptSet:
-    """The first `limit` held-out dialogues that fit in `max_length` prompt tokens."""
-    records = ((r["messages"], r["tools"]) for r in read_prepared(conversations))
+    """The first `limit` held-out dialogues that fit in `max_length` prompt tokens, each with the input
+    file it came from (a prepared record's `source` is `<file>:<line>`): the held-out set mixes the
+    inputs, and a drafter's tau differs by input (language, tool use, the target's own prompts)."""
+    records = ((r["messages"], r["tools"], source_file(r["source"])) for r in read_prepared(conversations))
     return _collect("heldout", conversations, records, tokenizer, limit, max_length)
 
 
@@ -103,6 +114,7 @@ def humaneval_prompts(
                 {"role": "assistant", "content": p.get("canonical_solution") or "pass"},
             ],
             None,
+            "humaneval",
         )
         for p in read_humaneval(path)
     )
@@ -134,6 +146,7 @@ def file_prompts(
             out.skipped_too_long += 1
         elif len(out.prompts) < limit:
             out.prompts.append(ids)
+            out.origins.append(Path(path).name)
         else:
             out.over_limit += 1
     return out

@@ -41,7 +41,7 @@ def run_served(
         server_arg_names,
         user_engine_args,
     )
-    from eyas.evaluate.served import serve_drafters, write_served
+    from eyas.evaluate.served import serve_drafters, tau_by_origin, write_served
 
     drafters, _, identity = load_drafters(drafter_dir, model_dir, baselines)
     tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
@@ -69,6 +69,11 @@ def run_served(
             record=record,
             stage=f"served evaluation {out_json}",
         )
+    for set_name, by_drafter in served["sets"].items():
+        origins = prompt_sets[set_name].origins
+        for by_k in by_drafter.values():
+            for report in by_k.values():
+                report["tau_by_origin"] = tau_by_origin(report, origins)
     result = {
         "format": SERVED_FORMAT,
         "sglang_version": installed_version(),
