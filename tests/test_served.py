@@ -149,6 +149,8 @@ OFFLINE = {
 
 def test_summary_from_served_figures_alone_and_beside_hf(tmp_path):
     served = served_result()
+    by_origin = {"alpaca_zh_demo.json": {"prompts": 2, "tau": 2.0}}
+    served["sets"]["heldout"]["trained"]["3"]["tau_by_origin"] = by_origin
     specdec = {
         name: {d: specdec_view(by_k["3"]) for d, by_k in drafters.items()}
         for name, drafters in served["sets"].items()
@@ -165,6 +167,8 @@ def test_summary_from_served_figures_alone_and_beside_hf(tmp_path):
         ("heldout", "trained", 4),
         ("humaneval", "untrained", 3),
     }
+    row = next(r for r in rows if (r["set"], r["drafter"], r["k"]) == ("heldout", "trained", 3))
+    assert row["tau_by_origin"] == by_origin  # tau by input file reaches the summary's served table
     assert summary["specdec"]["greedy_equal"] == {"checked": True, "mismatch_count": 0, "mismatches": []}
     assert summary["table"][0]["speedup"] == 0.5
     rows = tau_table(summary)  # HF and served rows side by side, each tagged

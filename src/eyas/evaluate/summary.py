@@ -81,6 +81,7 @@ SERVED_ROW_FIELDS = (
     "speedup_bs1",
     "tokens_per_s_batched",
     "speedup_batched",
+    "tau_by_origin",  # tau pooled by each prompt's input file (`eyas.evaluate.served.tau_by_origin`)
 )
 
 
