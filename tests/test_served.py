@@ -249,3 +249,86 @@ def test_tau_by_origin_pools_each_inputs_prompts_as_the_set_is_pooled():
     assert one_origin["x"]["tau"] == pytest.approx(report["tau"])
     with pytest.raises(ValueError, match="2 prompt origins for 3 served prompts"):
         tau_by_origin(report, ["x", "y"])
+
+
+class FakeEngine:
+    """Stands in for `eyas.engine.sglang`'s engines: records what it was started with and asked to serve;
+    a drafter accepts as many drafts a verify pass as its export dir's `accepts` file says."""
+
+    def __init__(self, args: dict, log: list):
+        self.draft = args.get("speculative_draft_model_path")
+        self.k = args.get("speculative_num_steps")
+        self.log, self.engine = log, sum(entry[0] == "start" for entry in log)
+        log.append(("start", self.draft and Path(self.draft).name))
+
+    def select(self, draft_dir, k):
+        self.draft, self.k = draft_dir, k
+        self.log.append(("select", Path(draft_dir).name, self.engine))
+
+    def _output(self, prompt):
+        n = 12
+        if self.draft is None:
+            return {"output_ids": list(range(n)), "meta_info": {"completion_tokens": n}}
+        accepts = min(self.k, int((Path(self.draft) / "accepts").read_text()))
+        verify = -(-(n - 1) // (accepts + 1))
+        histogram = [0] * (self.k + 1)
+        histogram[accepts] = verify
+        meta = {"completion_tokens": n, "spec_verify_ct": verify, "spec_correct_drafts_histogram": histogram}
+        return {"output_ids": list(range(n)), "meta_info": meta}
+
+    def generate(self, input_ids, sampling_params, **_):
+        if input_ids and isinstance(input_ids[0], list):
+            return [self._output(p) for p in input_ids]
+        return self._output(input_ids)
+
+    def shutdown(self):
+        self.log.append(("shutdown", self.draft and Path(self.draft).name))
+
+
+def test_drafters_of_another_shape_are_served_in_an_engine_of_their_own(tmp_path, monkeypatch):
+    import eyas.engine.sglang as sglang_engine
+    from eyas.evaluate.served import serve_drafters
+
+    widths = {"trained": 1536, "untrained": 1536, "wide": 6144, "lr4": 1536}
+    accepts = {"trained": 2, "untrained": 0, "wide": 3, "lr4": 1}
+    exports = {}
+    for name, width in widths.items():
+        export = tmp_path / name
+        export.mkdir()
+        config = {"intermediate_size": width, "eyas_provenance": {"name": name}}
+        (export / "config.json").write_text(json.dumps(config))
+        (export / "accepts").write_text(str(accepts[name]))
+        exports[name] = str(export)
+    log: list = []
+    monkeypatch.setattr(sglang_engine, "start_engine", lambda args, **_: FakeEngine(args, log))
+    served = serve_drafters(
+        prompt_sets={"heldout": [[1, 2, 3], [4, 5]]},
+        drafter_exports=exports,
+        base_args={"model_path": "m"},
+        ks=[3, 5],
+        max_new_tokens=12,
+        concurrency=4,
+    )
+    starts = [entry[1] for entry in log if entry[0] == "start"]
+    assert starts == [None, "trained", "wide"]  # plain, then one EAGLE-3 engine per shape
+    selected = {1: set(), 2: set()}  # the drafters each EAGLE-3 engine swapped to
+    for entry in log:
+        if entry[0] == "select":
+            selected[entry[2]].add(entry[1])
+    assert selected == {1: {"trained", "untrained", "lr4"}, 2: {"wide"}}
+    by_drafter = served["sets"]["heldout"]
+    for name, accepted in accepts.items():
+        for k in ("3", "5"):
+            verify = -(-11 // (min(int(k), accepted) + 1))
+            assert by_drafter[name][k]["verify_passes"] == 2 * verify, (name, k)
+    assert [check["drafter"] for check in served["swap_check"]] == ["trained", "wide"]
+    assert len(served["timings"]["spec_start_seconds"]) == 2
+
+
+def test_swap_groups_name_the_unreadable_export(tmp_path):
+    from eyas.engine.sglang_draft_swap import swap_groups
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "config.json").write_text("{")
+    with pytest.raises(ValueError, match=r"a/config.json: cannot read"):
+        swap_groups({"a": str(tmp_path / "a"), "b": str(tmp_path / "b")})

@@ -55,21 +55,3 @@ def test_the_kept_epochs_walked_tau_reaches_the_tau_vs_data_points(tmp_path, stu
     assert found[0]["walked_tau"] == {"3": None}
     plot_tau_vs_data.plot(found, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_drafters_of_another_shape_are_served_in_an_engine_of_their_own(tmp_path, studies):
-    recipe_sweep, _ = studies
-    shapes = {"base-100": 1536, "lr4-100": 1536, "wide-100": 6144, "base-50": 1536}
-    results = {}
-    for name, width in shapes.items():
-        drafter = tmp_path / name
-        drafter.mkdir()
-        config = {
-            "hidden_size": 576,
-            "intermediate_size": width,
-            "draft_vocab_size": 16384,
-            "attention": "llama",
-        }
-        (drafter / "config.json").write_text(json.dumps(config))
-        results[name] = {"drafter": str(drafter)}
-    assert recipe_sweep.swappable_groups(results) == [["base-100", "lr4-100", "base-50"], ["wide-100"]]

@@ -7,12 +7,12 @@ The plan (JSON) names the config files of the recipe, the held-out prompt file, 
 the variants. A variant either takes a drafter a pipeline already trained (`"drafter": DIR`, its train
 time read from the run's `benchmarks/train.tsv`) or trains one here from a run's stores
 (`"run": RESULTS_DIR`, the recipe's `train` settings with the variant's `"train"` overrides). Every
-drafter is then served in ONE SGLang engine (the served evaluation of `rule served`: the drafters
-swapped into the running draft model, each k pinned; drafters of another shape, e.g. a wider MLP, in
-an engine of their own) on the same held-out prompts. Written per variant:
+drafter is then served by the served evaluation of `rule served` (one SGLang engine, the drafters
+swapped into its draft model, each k pinned; drafters of another shape, e.g. a wider MLP, in an
+engine of their own) on the same held-out prompts. Written per variant:
 its settings, training seconds on this device, tokens, steps, the best held-out simulated tau of
 training, the served tau at each k and tau per device-minute of training (GPU recipe table of
-bench/README.md). `served` holds one served evaluation per engine.
+bench/README.md).
 """
 
 from __future__ import annotations
@@ -176,37 +176,17 @@ def main() -> None:
         write_report(args.out, report)  # what is done so far survives a device budget that ends
     if results and not args.no_served:
         report["status"] = "serving"
-        report["served"] = []  # one served evaluation per engine: drafters of one shape share one
         write_report(args.out, report)
-        for index, names in enumerate(swappable_groups(results)):
-            workdir = args.workdir / f"served-{index}" if index else args.workdir
-            served = serve(plan, config, {n: results[n] for n in names}, args.model, workdir)
-            report["served"].append(served)
-            for name in names:  # the group's first is served as `trained`, the others as baselines
-                by_k = served["sets"]["heldout"][name if name != names[0] else "trained"]
-                figures = results[name]
-                figures["served_tau"] = {k: r["tau"] for k, r in by_k.items()}
-                minutes = figures["train_seconds"] / 60
-                figures["tau_per_train_minute"] = {
-                    k: (t - 1) / minutes for k, t in figures["served_tau"].items()
-                }
-            write_report(args.out, report)
+        served = serve(plan, config, results, args.model, args.workdir)
+        report["served"] = served
+        for name, figures in results.items():  # the first is served as `trained`, the others as baselines
+            by_k = served["sets"]["heldout"][name if name != next(iter(results)) else "trained"]
+            figures["served_tau"] = {k: r["tau"] for k, r in by_k.items()}
+            minutes = figures["train_seconds"] / 60
+            figures["tau_per_train_minute"] = {k: (t - 1) / minutes for k, t in figures["served_tau"].items()}
+        write_report(args.out, report)
     report["status"] = "done"  # `failed` names any variant that did not train
     write_report(args.out, report)
-
-
-def swappable_groups(results: dict) -> list[list[str]]:
-    """The variants' names grouped by the tensor shapes of their drafters, in plan order: one engine
-    swaps drafters by copying weights in place (`eyas.engine.sglang_draft_swap`), so drafters of
-    another MLP width or draft vocab need an engine of their own."""
-    groups: dict[tuple, list[str]] = {}
-    for name, figures in results.items():
-        config = json.loads((Path(figures["drafter"]) / "config.json").read_text())
-        shape = tuple(
-            config.get(k) for k in ("hidden_size", "intermediate_size", "draft_vocab_size", "attention")
-        )
-        groups.setdefault(shape, []).append(name)
-    return list(groups.values())
 
 
 def write_report(path: Path, report: dict) -> None:

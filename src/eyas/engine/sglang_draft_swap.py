@@ -40,6 +40,23 @@ def is_eagle3_draft_dir(path: str | os.PathLike) -> bool:
         return False
 
 
+def swap_groups(exports: dict[str, str]) -> list[list[str]]:
+    """The drafters' names grouped by what one engine can swap between, in order: a swap copies weights
+    into the tensors the engine built at start-up from the first drafter's config.json, so every other
+    field of it (tensor shapes, the draft vocabulary, RoPE, norms, the aux layer ids) must be the same.
+    eyas's provenance record is not read by SGLang and does not split a group."""
+    groups: dict[str, list[str]] = {}
+    for name, path in exports.items():
+        config = Path(path) / "config.json"
+        try:
+            fields = json.loads(config.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{config}: cannot read the drafter export's config ({err})") from None
+        fields.pop("eyas_provenance", None)
+        groups.setdefault(json.dumps(fields, sort_keys=True), []).append(name)
+    return list(groups.values())
+
+
 # --------------------------------------------------------------------------- in the scheduler process
 def _draft_runners(spec_worker) -> list:
     """The draft model runners of the scheduler's speculative worker: 0.5.23 lists them in

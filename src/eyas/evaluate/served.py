@@ -2,7 +2,8 @@
 
 One EAGLE-3 engine serves the target with chain drafting; every drafter (trained, untrained control,
 baselines: SGLang export dirs) at every k of the sweep is selected in turn in the running engine
-(`eyas.engine.sglang.DraftSwapEngine.select`: weights in place, the step count pinned). A plain engine with
+(`eyas.engine.sglang.DraftSwapEngine.select`: weights in place, the step count pinned); drafters of
+another shape (a wider MLP, another draft vocabulary) get an engine of their own. A plain engine with
 the same settings decodes the same prompts first: the greedy reference and the speed baseline.
 Each (drafter, k, set) is decoded twice: one request at a time (batch size 1), and all prompts at
 once with at most `concurrency` in flight.
@@ -209,12 +210,16 @@ def serve_drafters(
     record: dict | None = None,
     stage: str = "served evaluation",
 ) -> dict:
-    """The served figures: {plain: {set: speeds}, sets: {set: {drafter: {k: report}}}, swap_check}.
+    """The served figures: {plain: {set: speeds}, sets: {set: {drafter: {k: report}}}, swap_check:
+    [one per EAGLE-3 engine], timings}. Drafters that one engine can swap between
+    (`eyas.engine.sglang_draft_swap.swap_groups`: same tensor shapes and layer settings) share one
+    engine; a drafter of another shape (e.g. a wider MLP) gets an engine of its own.
     `record`, if given, receives the raw outputs of the first set: {"plain": [...], "spec": {k: [...]}}
     (the first drafter's at each k). An engine that dies raises `eyas.engine.sglang.EngineDied` naming
     `stage`; both engines are shut down and the temporary dirs removed before it propagates."""
     from eyas.engine.sglang import start_engine
-    from eyas.engine.sglang_args import plain_engine_args, spec_engine_args
+    from eyas.engine.sglang_args import plain_engine_args
+    from eyas.engine.sglang_draft_swap import swap_groups
 
     timings = {}
     start = time.perf_counter()
@@ -229,19 +234,44 @@ def serve_drafters(
             plain[name] = decode_set(engine, prompts, **decode, raw=raw)
     finally:
         engine.shutdown()
-    names = list(drafter_exports)
-    sets: dict = {name: {d: {} for d in names} for name in prompt_sets}
+    sets: dict = {name: {d: {} for d in drafter_exports} for name in prompt_sets}
+    timings["spec_start_seconds"], swap_checks = [], []
+    for index, names in enumerate(swap_groups(drafter_exports)):
+        group = {name: drafter_exports[name] for name in names}
+        check, seconds = _serve_group(
+            group, prompt_sets, plain, sets, base_args=base_args, ks=ks, max_new_tokens=max_new_tokens,
+            concurrency=concurrency, record=record if index == 0 else None, stage=stage,
+        )  # fmt: skip
+        timings["spec_start_seconds"].append(seconds)
+        swap_checks.append(check)
+    plain_speeds = {
+        name: {key: run[key] for key in ("tokens_per_s_bs1", "tokens_per_s_batched")}
+        for name, run in plain.items()
+    }
+    return {"plain": plain_speeds, "sets": sets, "swap_check": swap_checks, "timings": timings}
+
+
+def _serve_group(
+    exports: dict[str, str], prompt_sets: dict, plain: dict, sets: dict, *, base_args: dict, ks: list[int],
+    max_new_tokens: int, concurrency: int, record: dict | None, stage: str,
+) -> tuple[dict, float]:  # fmt: skip
+    """Every drafter of `exports` at every k in one EAGLE-3 engine, its reports into `sets`;
+    (the swap-back check, the engine's start seconds)."""
+    from eyas.engine.sglang import start_engine
+    from eyas.engine.sglang_args import spec_engine_args
+
+    names = list(exports)
     with tempfile.TemporaryDirectory(prefix="eyas-served-engine-") as workdir:
         start = time.perf_counter()
-        args = spec_engine_args(base_args, drafter_exports[names[0]], ks, concurrency, workdir)
-        engine = start_engine(args, speculative=True, stage=f"{stage} (EAGLE-3 engine)")
-        timings["spec_start_seconds"] = time.perf_counter() - start
+        args = spec_engine_args(base_args, exports[names[0]], ks, concurrency, workdir)
+        engine = start_engine(args, speculative=True, stage=f"{stage} (EAGLE-3 engine of {names[0]})")
+        start_seconds = time.perf_counter() - start
         try:
             order = sorted(ks, reverse=True)  # the engine starts at the longest chain
             for i, drafter in enumerate(names):
                 for j, k in enumerate(order):
                     if i or j:  # the engine started with the first drafter at the longest k
-                        engine.select(drafter_exports[drafter], k)
+                        engine.select(exports[drafter], k)
                     for n, (set_name, prompts) in enumerate(prompt_sets.items()):
                         keep = record is not None and n == 0 and i == 0
                         raw = record.setdefault("spec", {}).setdefault(str(k), []) if keep else None
@@ -251,16 +281,10 @@ def serve_drafters(
                         report = _drafter_report(run, plain[set_name], k, max_new_tokens)
                         sets[set_name][drafter][str(k)] = report
                         log.info("served %s / %s / k=%d: tau %s", set_name, drafter, k, report["tau"])
-            swap_check = _swap_back_check(
-                engine, names[0], drafter_exports, prompt_sets, sets, order[0], max_new_tokens
-            )
+            check = _swap_back_check(engine, names[0], exports, prompt_sets, sets, order[0], max_new_tokens)
         finally:
             engine.shutdown()
-    plain_speeds = {
-        name: {key: run[key] for key in ("tokens_per_s_bs1", "tokens_per_s_batched")}
-        for name, run in plain.items()
-    }
-    return {"plain": plain_speeds, "sets": sets, "swap_check": swap_check, "timings": timings}
+    return check, start_seconds
 
 
 def _swap_back_check(
