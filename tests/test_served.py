@@ -332,3 +332,21 @@ def test_swap_groups_name_the_unreadable_export(tmp_path):
     (tmp_path / "a" / "config.json").write_text("{")
     with pytest.raises(ValueError, match=r"a/config.json: cannot read"):
         swap_groups({"a": str(tmp_path / "a"), "b": str(tmp_path / "b")})
+
+
+def test_a_study_of_trained_drafters_can_leave_the_untrained_control_out(tmp_path):
+    from modelkit import tiny_drafter_config
+
+    from eyas.core.provenance import DRAFTER_PROVENANCE
+    from eyas.evaluate.drafters import load_drafters
+
+    provenance = {field: f"{field}-value" for field in DRAFTER_PROVENANCE}
+    Eagle3Drafter(tiny_drafter_config()).save_pretrained(tmp_path / "trained", extra_config=provenance)
+    Eagle3Drafter(tiny_drafter_config()).save_pretrained(tmp_path / "other", extra_config=provenance)
+    baselines = [{"name": "other", "path": str(tmp_path / "other")}]
+    drafters, _, identity = load_drafters(
+        str(tmp_path / "trained"), "no-model-needed", baselines, untrained_control=False
+    )
+    assert list(drafters) == ["trained", "other"]
+    assert identity["untrained_seed"] is None
+    assert set(identity["baselines_sha256"]) == {"other"}

@@ -45,21 +45,24 @@ def baseline_dirs(names: list[str], paths: list[str]) -> list[dict]:
 
 
 def load_drafters(
-    drafter_dir: str, model_dir: str, baselines: list[dict] | None
+    drafter_dir: str, model_dir: str, baselines: list[dict] | None, untrained_control: bool = True
 ) -> tuple[dict[str, Eagle3Drafter], dict, dict]:
     """{name: drafter} (trained, untrained, baselines in config order), the trained drafter's
     provenance (`DRAFTER_PROVENANCE` fields) and the identity a per-set JSON must match: provenance,
-    the weights' sha256 of the trained drafter and of each baseline, the untrained drafter's seed."""
+    the weights' sha256 of the trained drafter and of each baseline, the untrained drafter's seed.
+    `untrained_control` False leaves the control out (a study comparing trained drafters only)."""
     drafter = Eagle3Drafter.from_pretrained(drafter_dir).eval()
     drafter_meta = json.loads((Path(drafter_dir) / "config.json").read_text())
     expected = {field: drafter_meta[field] for field in DRAFTER_PROVENANCE}
-    drafters = {"trained": drafter, "untrained": untrained_like(drafter, model_dir, UNTRAINED_SEED)}
+    drafters = {"trained": drafter}
+    if untrained_control:
+        drafters["untrained"] = untrained_like(drafter, model_dir, UNTRAINED_SEED)
     for item in baselines or []:
         drafters[item["name"]] = _load_baseline(item["name"], item["path"], expected)
     identity = {
         **{f"drafter_{k}": v for k, v in expected.items()},
         "drafter_sha256": sha256_file(Path(drafter_dir) / "model.safetensors"),
-        "untrained_seed": UNTRAINED_SEED,
+        "untrained_seed": UNTRAINED_SEED if untrained_control else None,
         "baselines_sha256": {
             item["name"]: sha256_file(Path(item["path"]) / "model.safetensors") for item in baselines or []
         },
