@@ -385,11 +385,12 @@ def served_reference(tmp_path_factory, served_inputs) -> dict:
 # and the 1st). The EAGLE-3 engine, started after the plain one is done: killed or failing as it starts
 # (0), or killed at its 8th request, the select of k=2 (7 requests decode both sets with the trained
 # drafter at k=3: a warm-up, 2 + 1 prompts one at a time, one batch each).
+SPEC = "EAGLE-3 engine of trained"  # an EAGLE-3 engine is named by the first drafter it serves
 SERVED_FAULTS = {  # id: (fault, engine, the error's cause, the ledger's case)
     "plain-in-use": ({"hang": "plain:3"}, "plain reference engine", IN_USE, "killed", "plain engine in use"),
-    "spec-starting": ({"hang": "spec:0"}, "EAGLE-3 engine", STARTING, "killed", "EAGLE-3 engine starting"),
-    "spec-failing": ({"fail": "spec:0"}, "EAGLE-3 engine", FAILED, "failing", "EAGLE-3 engine starting"),
-    "spec-in-use": ({"hang": "spec:8"}, "EAGLE-3 engine", IN_USE, "killed", "EAGLE-3 engine in use"),
+    "spec-starting": ({"hang": "spec:0"}, SPEC, STARTING, "killed", "EAGLE-3 engine starting"),
+    "spec-failing": ({"fail": "spec:0"}, SPEC, FAILED, "failing", "EAGLE-3 engine starting"),
+    "spec-in-use": ({"hang": "spec:8"}, SPEC, IN_USE, "killed", "EAGLE-3 engine in use"),
 }
 
 
