@@ -52,6 +52,21 @@ def test_heldout_prompts_from_prepared_conversations(tmp_path, tokenizer):
     assert got.meta() == {"source": str(path), "prompts": 2, "skipped": 0, "origins": ["x", "target.jsonl"]}
 
 
+def test_heldout_prompts_spread_over_the_split_keep_its_mix_of_inputs(tmp_path, tokenizer):
+    def record(n: int, origin: str) -> dict:
+        messages = [{"role": "user", "content": f"Question {n}"}, {"role": "assistant", "content": "A."}]
+        return {"id": str(n), "source": f"{origin}:{n}", "messages": messages, "tools": None}
+
+    # prepare writes the split in input-file order: 6 English, 3 Chinese, 3 target-written dialogues
+    origins = ["en.json"] * 6 + ["zh.json"] * 3 + ["target.jsonl"] * 3
+    path = write_jsonl(tmp_path / "eval.jsonl", [record(n, o) for n, o in enumerate(origins)])
+    got = load_prompt_set("heldout", path, tokenizer, limit=4, max_length=1000)
+    assert got.origins == ["en.json", "en.json", "zh.json", "target.jsonl"]  # items 0, 3, 6, 9
+    assert "Question 9" in tokenizer.decode(got.prompts[3])
+    every = load_prompt_set("heldout", path, tokenizer, limit=50, max_length=1000)
+    assert every.origins == origins
+
+
 def test_bad_humaneval_names_line_and_field(tmp_path):
     path = tmp_path / "he.jsonl"
     path.write_text(json.dumps(PROBLEM) + "\n" + json.dumps({"task_id": "HumanEval/1"}) + "\n")

