@@ -161,6 +161,7 @@ sweep_bg() {  # RUN PLANNER ARGS...: campaign.py's PLANNER plan for RUN, then re
   say mkdir -p "$run/curve"
   say python3 "$CODE/tools/gpu/campaign.py" "$planner" "$run" --code "$CODE" --config-file "$CONFIG_FILE" \
     "$@" --out "$run/curve/plan.json"
+  ((DRY)) || echo "$planner" > "$run/curve/planner"  # wait-curve plots a curve's report, not a sweep's
   local cmd=(python3 "$CODE/bench/studies/recipe_sweep.py" --plan "$run/curve/plan.json" --model "$run/results/assets/model"
     --out "$run/curve/recipe-curve.json" --workdir "$run/curve/work" ${SWEEP_SERVED:-})
   if ((DRY)); then echo "would: setsid ${cmd[*]} > $run/curve.out"; else
@@ -273,7 +274,8 @@ case $step in
     cp "$run/curve/recipe-curve.json" "$OUT/" 2>/dev/null || echo "wait-curve: no report yet" >&2
     # the plot only from a finished, served report: a partial or train-only one has no served tau
     report=$run/curve/recipe-curve.json
-    if grep -q '"status": "done"' "$report" 2>/dev/null && ! grep -q '"served": null' "$report"; then
+    if grep -q '"status": "done"' "$report" 2>/dev/null && ! grep -q '"served": null' "$report" &&
+      [[ $(cat "$run/curve/planner" 2>/dev/null) == curve-plan ]]; then
       python3 "$CODE/bench/studies/plot_tau_vs_data.py" "$run/curve/recipe-curve.json" --out "$OUT/tau-vs-data"
     fi
     ;;
