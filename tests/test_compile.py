@@ -88,6 +88,8 @@ def test_compiled_training_run_follows_the_eager_loss_curve(data, tmp_path):
     counted = stats["compiled"]["compile"]
     assert counted["frames"].get("ok", 0) >= 1, counted  # its drafter's steps compile
     assert counted["unimplemented"] == {} and counted["graph_breaks"] == 0, counted
+    # every graph inductor compiled was looked up in its cache: a hit, a miss or a bypass, counted
+    assert sum(n for name, n in counted["caches"].items() if name.startswith("fxgraph_cache_")) >= 1, counted
     np.testing.assert_allclose(curves[1], curves[0], rtol=1e-4)
     Eagle3Drafter.from_pretrained(tmp_path / "compiled" / "drafter")
 

@@ -27,7 +27,9 @@ def compile_counters(since: dict | None = None) -> dict:
     """What torch.compile did in this process (dynamo's own counters), less `since` (an earlier
     return): frames compiled, graphs, graph breaks and what it gave up on. A frame over
     `torch._dynamo.config.recompile_limit` runs eager from then on, with only a warning: the
-    `unimplemented` reasons name it (first line of each)."""
+    `unimplemented` reasons name it (first line of each). `caches`: the hits and misses of inductor's
+    compiled-graph cache and AOTAutograd's (`TORCHINDUCTOR_CACHE_DIR`), which say whether a cache
+    carried to a new machine served its first step."""
     from torch._dynamo.utils import counters
 
     now = {
@@ -35,6 +37,12 @@ def compile_counters(since: dict | None = None) -> dict:
         "unique_graphs": counters["stats"]["unique_graphs"],
         "graph_breaks": sum(counters["graph_break"].values()),
         "unimplemented": {reason.splitlines()[0]: n for reason, n in counters["unimplemented"].items()},
+        "caches": {
+            name: n
+            for group in ("inductor", "aot_autograd")
+            for name, n in counters[group].items()
+            if "cache" in name
+        },
     }
     if since is None:
         return now
