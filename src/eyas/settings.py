@@ -284,7 +284,8 @@ class EvaluateSettings:
     also CPUs), `sglang` (the target served by SGLang with EAGLE-3 drafting, GPUs; the `sglang`
     section holds the engine settings), or `both` (the two side by side in the summary)."""
     num_prompts: int = bounded(10, ge=1, le=COUNT_MAX)
-    """Prompts per evaluation set."""
+    """Prompts per evaluation set: the held-out set's spread evenly over the eval split (its mix of input
+    files kept), HumanEval's and a prompt file's the first ones."""
     max_new_tokens: int = bounded(48, ge=1, le=2**20)
     """Tokens generated per prompt."""
     num_draft_tokens: list[int] = bounded(ge=1, le=64, default_factory=lambda: [4])
