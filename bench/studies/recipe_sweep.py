@@ -179,8 +179,9 @@ def main() -> None:
         write_report(args.out, report)
         served = serve(plan, config, results, args.model, args.workdir)
         report["served"] = served
-        for name, figures in results.items():  # the first is served as `trained`, the others as baselines
-            by_k = served["sets"]["heldout"][name if name != next(iter(results)) else "trained"]
+        first = next(iter(results))  # served as `trained`, the others as baselines by name
+        for name, figures in results.items():
+            by_k = served["sets"]["heldout"][name if name != first else "trained"]
             figures["served_tau"] = {k: r["tau"] for k, r in by_k.items()}
             minutes = figures["train_seconds"] / 60
             figures["tau_per_train_minute"] = {k: (t - 1) / minutes for k, t in figures["served_tau"].items()}

@@ -52,8 +52,10 @@ class PromptSet:
 
 
 def _collect(
-    name: str, source, records, tokenizer: PreTrainedTokenizerBase, limit: int, max_length: int
+    name: str, source, records, tokenizer: PreTrainedTokenizerBase, limit: int | None, max_length: int
 ) -> PromptSet:
+    """The first `limit` records (None: all) whose prompt fits in `max_length` tokens; the others that
+    were read are counted as too long."""
     out = PromptSet(name=name, source=str(source))
     for messages, tools, origin in records:
         if len(out.prompts) == limit:
@@ -80,18 +82,12 @@ def heldout_prompts(
     writes the split in input-file order, so the first `limit` would hold the first files only; spread,
     the set keeps the split's mix of inputs (languages, tool use, the target's own prompts), by which a
     drafter's tau differs (`eyas.evaluate.served.tau_by_origin`)."""
-    out = PromptSet(name="heldout", source=str(conversations))
-    fitting = []  # (prompt ids, origin) of every held-out dialogue that fits
-    for record in read_prepared(conversations):
-        ids = render_prompt(tokenizer, record["messages"], record["tools"])
-        if len(ids) <= max_length:
-            fitting.append((ids, source_file(record["source"])))
-        else:
-            out.skipped_too_long += 1
-    for index in spread_indices(len(fitting), limit):
-        out.prompts.append(fitting[index][0])
-        out.origins.append(fitting[index][1])
-    return out
+    records = ((r["messages"], r["tools"], source_file(r["source"])) for r in read_prepared(conversations))
+    fitting = _collect("heldout", conversations, records, tokenizer, None, max_length)
+    picked = spread_indices(len(fitting.prompts), limit)
+    fitting.prompts = [fitting.prompts[i] for i in picked]
+    fitting.origins = [fitting.origins[i] for i in picked]
+    return fitting
 
 
 def spread_indices(count: int, limit: int) -> list[int]:
