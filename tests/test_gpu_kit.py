@@ -226,8 +226,23 @@ def test_curve_plan_serves_the_runs_drafter_beside_drafters_on_nested_subsets(tm
         sys.path.pop(0)
     config = merged_config(plan["configs"])  # the recipe's own settings, as the sweep reads them
     assert config.evaluate.num_draft_tokens == [3, 5] and config.train.data_fraction == 1.0
-    with pytest.raises(ValueError, match="1..99"):
-        campaign.curve_plan(tmp_path / "run", ROOT, "config/gpu-smollm2.yaml", [100])
+    for wrong in ([0], [101], [50, 50]):
+        with pytest.raises(ValueError, match="1..100, once"):
+            campaign.curve_plan(tmp_path / "run", ROOT, "config/gpu-smollm2.yaml", wrong)
+
+
+def test_curve_plan_with_100_trains_the_full_drafter_first_on_a_run_stopped_before_train(tmp_path):
+    plan = campaign.curve_plan(tmp_path / "run", ROOT, "config/gpu-smollm2.yaml", [50, 100, 25])
+    results = str((tmp_path / "run").resolve() / "results")
+    assert plan["variants"] == [
+        {"name": "regen-100", "run": results, "train": {}},  # served as `trained`
+        {"name": "regen-50", "run": results, "train": {"data_fraction": 0.5}},
+        {"name": "regen-25", "run": results, "train": {"data_fraction": 0.25}},
+    ]
+    run = tmp_path / "stopped"
+    (run / "results").mkdir(parents=True)
+    refused = _bash("run_recipe.sh", "curve", run, "50", env={"EYAS_CODE": str(tmp_path / "code")})
+    assert refused.returncode == 1 and "no trained drafter yet" in refused.stderr
 
 
 def test_run_script_dry_curve_plans_the_sweep_and_its_plot(tmp_path):

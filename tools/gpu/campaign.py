@@ -8,7 +8,8 @@ during it, so a gap between GPU jobs shows which CPU job it was).
     python3 tools/gpu/campaign.py curve-plan RUN --code CODE [--percent 50 25] --out RUN/curve-plan.json
 
 `curve-plan` writes the plan of bench/studies/recipe_sweep.py for the tau-vs-data curve of a finished
-run (issue 26): the run's own drafter (`regen-100`) and drafters trained on nested subsets of its
+run (issue 26): the run's own drafter (`regen-100`; with `--percent 100 ...`, one trained beside the
+others on the stores of a run stopped before `train`) and drafters trained on nested subsets of its
 training conversations (`train.data_fraction`), all served in one engine on the run's held-out prompts
 at the recipe's k values.
 """
@@ -132,13 +133,21 @@ def _plan(run: Path, code: Path, config_file: str, about: str, variants: list[di
 
 
 def curve_plan(run: Path, code: Path, config_file: str, percents: list[int]) -> dict:
-    """recipe_sweep's plan for the curve of `run` (its stores, drafter and held-out prompts)."""
-    if not all(0 < p < 100 for p in percents):
-        raise ValueError(f"--percent: each must lie in 1..99 (100 is the run's own drafter), got {percents}")
+    """recipe_sweep's plan for the curve of `run` (its stores, drafter and held-out prompts). Without 100
+    in `percents` the run's own drafter is the full point; with it, the full drafter is trained here
+    too, first, so that a run stopped before `train` gets the whole curve from one process, whose
+    trainings after the first reuse its compiled graphs (a pipeline `train` job compiles on its own)."""
+    if not all(0 < p <= 100 for p in percents) or len(set(percents)) != len(percents):
+        raise ValueError(f"--percent: each must lie in 1..100, once, got {percents}")
     results = run.resolve() / "results"
-    variants = [{"name": "regen-100", "drafter": str(results / "train" / "drafter")}]
-    variants += [
-        {"name": f"regen-{p}", "run": str(results), "train": {"data_fraction": p / 100}} for p in percents
+    if 100 in percents:
+        full = {"name": "regen-100", "run": str(results), "train": {}}
+    else:
+        full = {"name": "regen-100", "drafter": str(results / "train" / "drafter")}
+    variants = [full] + [
+        {"name": f"regen-{p}", "run": str(results), "train": {"data_fraction": p / 100}}
+        for p in percents
+        if p != 100
     ]
     about = f"tau against data of the run {run}: its drafter and drafters on nested subsets of its data"
     return _plan(run, code, config_file, about, variants)

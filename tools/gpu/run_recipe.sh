@@ -15,7 +15,8 @@
 #                                                       Snakemake has started and ended (e.g. a second run, a sweep)
 #   bash tools/gpu/run_recipe.sh curve RUN [PERCENT...]  after the recipe: the tau-vs-data curve in the
 #                                                       background (bench/studies/recipe_sweep.py: drafters
-#                                                       on PERCENT% (default 50 25) of the run's data, all served)
+#                                                       on PERCENT% (default 50 25) of the run's data, all served;
+#                                                       100 among them: the full one trained there too)
 #   bash tools/gpu/run_recipe.sh sweep RUN NAME=JSON... training settings compared on the run's stores (a run
 #                                                       stopped before train will do: `start RUN -- --omit-from
 #                                                       train`), each drafter trained and all served, as curve
@@ -251,7 +252,9 @@ case $step in
     ;;
   curve)
     need_run "${1:-}"; run=$1; shift; copy_code
-    [[ -f $run/results/train/drafter/config.json ]] || ((DRY)) || { echo "run_recipe curve: $run has no trained drafter yet" >&2; exit 1; }
+    # with 100 among the percents the full drafter is trained in the curve (a run stopped before train)
+    [[ " $* " == *" 100 "* || -f $run/results/train/drafter/config.json ]] || ((DRY)) ||
+      { echo "run_recipe curve: $run has no trained drafter yet (or give 100 among the percents)" >&2; exit 1; }
     sweep_bg "$run" curve-plan ${1:+--percent "$@"}
     ;;
   sweep)
