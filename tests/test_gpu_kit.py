@@ -421,6 +421,7 @@ def test_wait_curve_waits_for_a_sweep_queued_with_after_to_start(tmp_path):
     (run / "after-sweep.pid").write_text(f"{queued.pid}\n")
     sweep = (
         f"sleep 1; mkdir -p {run}/curve; echo sweep started > {run}/curve.out; "
+        f"echo 'eyas.served INFO served heldout / regen-100 / k=3: tau 1.9' >> {run}/curve.out; "
         f"""echo '{{"status": "training"}}' > {run}/curve/recipe-curve.json; """
         f"echo {ended.pid} > {run}/curve.pid"
     )
@@ -433,6 +434,7 @@ def test_wait_curve_waits_for_a_sweep_queued_with_after_to_start(tmp_path):
     assert waited.returncode == 0, waited.stderr
     assert "sweep started" in waited.stdout and (out / "recipe-curve.json").exists()
     assert not (out / "tau-vs-data.json").exists()  # no plot of an unfinished report
+    assert (out / "curve-served.txt").read_text().endswith("served heldout / regen-100 / k=3: tau 1.9\n")
 
 
 def test_a_later_calls_new_config_file_joins_the_code_copy_and_old_ones_stay(tmp_path):

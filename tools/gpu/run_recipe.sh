@@ -21,7 +21,8 @@
 #                                                       stopped before train will do: `start RUN -- --omit-from
 #                                                       train`), each drafter trained and all served, as curve
 #   bash tools/gpu/run_recipe.sh wait-curve RUN SECONDS until the curve (or sweep) ends or SECONDS pass: its
-#                                                       report and plot (bench/studies/plot_tau_vs_data.py) into $OUT
+#                                                       report and plot (bench/studies/plot_tau_vs_data.py) into $OUT,
+#                                                       the served tau lines so far in $OUT/curve-served.txt
 #   bash tools/gpu/run_recipe.sh bench-generation RUN [ARGS...]   bench/gpu/generation.py --out $OUT/generation
 #   bash tools/gpu/run_recipe.sh bench-extraction RUN [ARGS...]   bench/gpu/extraction.py --out $OUT/extraction
 #   bash tools/gpu/run_recipe.sh bench-start RUN [ARGS...]        bench/gpu/engine_start.py --out $OUT/start
@@ -272,8 +273,11 @@ case $step in
     # a curve or sweep queued with `after` starts only once the run has ended: wait for it in the same time
     while [[ ! -f $run/curve.pid ]] && queued_after "$run" && ((SECONDS < end)); do sleep 2; done
     [[ -f $run/curve.pid ]] || { echo "run_recipe wait-curve: no curve was started in $run" >&2; exit 1; }
-    while kill -0 "$(cat "$run/curve.pid")" 2>/dev/null && ((SECONDS < end)); do sleep 5; done
-    mkdir -p "$OUT"; tail -5 "$run/curve.out"
+    # the served tau lines so far into $OUT as they come: a call cut by the device budget returns $OUT
+    mkdir -p "$OUT"
+    served_so_far() { grep -h 'served .* / k=[0-9]*: tau' "$run/curve.out" > "$OUT/curve-served.txt" || true; }
+    while kill -0 "$(cat "$run/curve.pid")" 2>/dev/null && ((SECONDS < end)); do served_so_far; sleep 5; done
+    served_so_far; tail -5 "$run/curve.out"
     cp "$run/curve/recipe-curve.json" "$OUT/" 2>/dev/null || echo "wait-curve: no report yet" >&2
     # the plot only from a finished, served report: a partial or train-only one has no served tau
     report=$run/curve/recipe-curve.json
