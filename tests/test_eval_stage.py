@@ -156,3 +156,20 @@ def test_merge_refuses_a_set_made_with_another_drafter_or_settings(specdec_run, 
     with pytest.raises(ValueError, match=r"humaneval\.json: field 'set' is 'humaneval', expected 'heldout'"):
         merge(tmp_path, specdec_run[1], swapped, stores, tiny_model_dir)
     assert not (tmp_path / "eval").exists()  # nothing written on refusal
+
+
+def test_without_the_untrained_control_only_the_trained_is_decoded(specdec_run, tiny_model_dir, tmp_path):
+    from eyas.evaluate.stage_specdec import run_specdec_set
+
+    root, drafter_dir, paths, _, stores = specdec_run
+    no_control = dataclasses.replace(SETTINGS, untrained_control=False)
+    with pytest.raises(ValueError, match=r"heldout\.json: field 'identity\.untrained_seed'"):
+        merge(tmp_path, drafter_dir, paths, stores, tiny_model_dir, no_control)  # made with the control
+    alone = {"heldout": str(tmp_path / "specdec" / "heldout.json")}
+    result = run_specdec_set(
+        set_name="heldout", set_path=str(root / "eval.jsonl"), drafter_dir=drafter_dir,
+        model_dir=str(tiny_model_dir), out_json=alone["heldout"], settings=no_control, threads=1,
+    )  # fmt: skip
+    assert list(result["reports"]) == ["trained"]
+    summary = merge(tmp_path, drafter_dir, alone, stores, tiny_model_dir, no_control)
+    assert summary["headline"]["tau_untrained"] is None and list(summary["offline_by_drafter"]) == ["trained"]

@@ -157,3 +157,19 @@ def test_several_sets_and_baselines(tmp_path, reports):
             **inputs(trained, untrained, {"trained": trained}),
             meta={},
         )
+
+
+def test_without_the_untrained_control_its_fields_are_null(tmp_path, reports):
+    trained, _ = reports
+    specdec = {"heldout": {"trained": trained}, "humaneval": {"trained": trained}}
+    out_plot = tmp_path / "a.png"
+    summary = write_summary(
+        tmp_path / "s.json", out_plot, offline={"trained": OFFLINE}, specdec=specdec, meta={}
+    )
+    head = summary["headline"]
+    assert head["tau"] == trained["tau"] and head["tau_untrained"] is None
+    assert head["speedup_untrained"] is None and summary["specdec_untrained"] is None
+    assert {r["drafter"] for r in summary["table"]} == {"trained"} and out_plot.stat().st_size > 0
+    with pytest.raises(ValueError, match="heldout.*lacks the trained"):
+        write_summary(tmp_path / "s.json", out_plot, offline={"trained": OFFLINE},
+                      specdec={"heldout": {"other": trained}}, meta={})  # fmt: skip

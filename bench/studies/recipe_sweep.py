@@ -206,7 +206,9 @@ def serve(plan: dict, config, results: dict, model_dir: str, workdir: Path) -> d
     first = results[names[0]]["drafter"]
     export = workdir / "first-sglang"
     export_sglang(first, export, text_model_type(read_config(model_dir)))
-    settings = dataclasses.replace(config.evaluate, **plan.get("evaluate", {}))
+    # no untrained control: its tau of ~1.00 is every served job's control; here it cost ~60 s
+    evaluate = {"untrained_control": False} | plan.get("evaluate", {})
+    settings = dataclasses.replace(config.evaluate, **evaluate)
     return run_served(
         set_paths={"heldout": plan["heldout"]},
         set_formats={},
@@ -217,7 +219,6 @@ def serve(plan: dict, config, results: dict, model_dir: str, workdir: Path) -> d
         settings=settings,
         engine_settings=config.sglang,
         baselines=[{"name": n, "path": results[n]["drafter"]} for n in names[1:]],
-        untrained_control=False,  # its tau of ~1.00 is every served job's control; here it cost ~60 s
     )
 
 

@@ -310,6 +310,11 @@ class EvaluateSettings:
     baselines: list[BaselineDrafter] = field(default_factory=list)
     """More drafter dirs (e.g. other storage recipes, or training checkpoints) evaluated beside the
     trained and untrained drafters in the same table: [{name, path}]."""
+    untrained_control: bool = True
+    """Decode an untrained drafter of the same shape beside the trained one, on every set and k: the
+    control that real tau above 1 comes from training (it accepts nearly nothing). It costs a decode
+    at ~1 token per verify pass: with `sglang` ~60-70 s of a served stage on one GPU. False leaves it
+    out; the summary's untrained fields are then null."""
 
     @property
     def set_names(self) -> list[str]:

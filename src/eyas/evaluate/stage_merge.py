@@ -41,7 +41,8 @@ def run_evaluation(
     if threads:
         torch.set_num_threads(threads)
     device = resolve_device(settings.device)
-    drafters, expected, identity = load_drafters(drafter_dir, model_dir, baselines)
+    control = settings.untrained_control
+    drafters, expected, identity = load_drafters(drafter_dir, model_dir, baselines, control)
     sets = {name: read_specdec_set(path, name, settings, identity) for name, path in specdec_paths.items()}
     served = read_served(served_path, settings, identity) if served_path else None
     if not sets:

@@ -28,11 +28,10 @@ def run_served(
     baselines: list[dict] | None = None,
     trust_remote_code: bool = False,
     record: dict | None = None,
-    untrained_control: bool = True,
 ) -> dict:
     """Served evaluation (`evaluate.backend` sglang): every set, drafter and k in one job, the target
     in SGLang (`evaluate.served`); writes `out_json` atomically and returns its dict. `record` as
-    `serve_drafters`'s; `untrained_control` as `load_drafters`'s."""
+    `serve_drafters`'s."""
     import tempfile
 
     from eyas.engine.sglang_args import (
@@ -44,7 +43,7 @@ def run_served(
     )
     from eyas.evaluate.served import serve_drafters, tau_by_origin, write_served
 
-    drafters, _, identity = load_drafters(drafter_dir, model_dir, baselines, untrained_control)
+    drafters, _, identity = load_drafters(drafter_dir, model_dir, baselines, settings.untrained_control)
     tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
     config = drafters["trained"].config
     ks = list(settings.num_draft_tokens)

@@ -57,7 +57,7 @@ def run_specdec_set(
         torch.set_num_threads(threads)
     device = resolve_device(settings.device)
     chosen = specdec_settings(settings)
-    drafters, _, identity = load_drafters(drafter_dir, model_dir, baselines)
+    drafters, _, identity = load_drafters(drafter_dir, model_dir, baselines, settings.untrained_control)
     config = drafters["trained"].config
     tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
     max_prompt = max_prompt_tokens(

@@ -105,15 +105,17 @@ def served_section(served: dict) -> dict:
 
 
 def _pick_sets(specdec: dict) -> dict:
-    """{set: {drafter: its SPECDEC_FIELDS}}; every set has the trained and untrained drafters, all
-    drafting the same number of tokens per pass."""
+    """{set: {drafter: its SPECDEC_FIELDS}}; every set has the trained drafter, and the untrained one in
+    every set or in none (`evaluate.untrained_control`), all drafting the same number of tokens per pass."""
     if not specdec:
         raise ValueError("write_summary: no evaluation set")
+    with_control = {name for name, reports in specdec.items() if "untrained" in reports}
     sets = {}
     for set_name, reports in specdec.items():
-        for required in ("trained", "untrained"):
-            if required not in reports:
-                raise ValueError(f"write_summary: set {set_name!r} lacks the {required} drafter")
+        if "trained" not in reports:
+            raise ValueError(f"write_summary: set {set_name!r} lacks the trained drafter")
+        if with_control and set_name not in with_control:
+            raise ValueError(f"write_summary: set {set_name!r} lacks the untrained drafter the others have")
         sets[set_name] = {
             d: _pick(r, SPECDEC_FIELDS, f"specdec[{set_name}][{d}]") for d, r in reports.items()
         }
@@ -158,19 +160,19 @@ def _tau_table(sets: dict, offline_by: dict) -> list[dict]:
 
 
 def _headline(primary: str, sets: dict, offline_by: dict) -> dict:
-    """The trained drafter beside the untrained one on the primary set, greedy equality over every
-    report (None unless all were checked), and tau by set."""
-    trained, untrained = sets[primary]["trained"], sets[primary]["untrained"]
+    """The trained drafter beside the untrained one (None without the control) on the primary set,
+    greedy equality over every report (None unless all were checked), and tau by set."""
+    trained, untrained = sets[primary]["trained"], sets[primary].get("untrained", {})
     checks = [r["greedy_equal"] for reports in sets.values() for r in reports.values()]
     checked = all(c.get("checked") for c in checks)
     mismatches = sum(c.get("mismatch_count") or 0 for c in checks) if checked else None
     return {
         "set": primary,
         "tau": trained["tau"],
-        "tau_untrained": untrained["tau"],
+        "tau_untrained": untrained.get("tau"),
         "simulated_tau": offline_by["trained"]["simulated_tau"],
         "speedup": trained["speedup"],
-        "speedup_untrained": untrained["speedup"],
+        "speedup_untrained": untrained.get("speedup"),
         "greedy_equal": (mismatches == 0) if checked else None,
         "greedy_mismatches": mismatches,
         "tau_by_set": {name: {d: r["tau"] for d, r in reports.items()} for name, reports in sets.items()},
@@ -181,11 +183,11 @@ def build_summary(*, offline: dict, specdec: dict, meta: dict, served: dict | No
     """The summary dict (pure).
 
     offline: {drafter: evaluate_offline report}; specdec: {set: {drafter: evaluate_specdec report}},
-    with drafters `trained` and `untrained` in every set. Headline, `specdec`, `specdec_untrained` and
-    `offline` describe the trained drafter on the primary set; `sets`, `offline_by_drafter` and
-    `table` (one row per set and drafter: real tau beside simulated tau) hold everything. `served`
-    (the served evaluation's JSON, `evaluate.served`) adds the `served` section and the headline's
-    served figures; where only SGLang ran, `specdec` holds its figures at the first k.
+    with drafter `trained` in every set, `untrained` in all or none. Headline, `specdec`,
+    `specdec_untrained` and `offline` describe the trained drafter on the primary set; `sets`,
+    `offline_by_drafter` and `table` (one row per set and drafter: real tau beside simulated tau) hold
+    everything. `served` (the served evaluation's JSON, `evaluate.served`) adds the `served` section
+    and the headline's served figures; where only SGLang ran, `specdec` holds its figures at the first k.
     """
     sets = _pick_sets(specdec)
     offline_by = _pick_offline(offline)
@@ -195,7 +197,7 @@ def build_summary(*, offline: dict, specdec: dict, meta: dict, served: dict | No
         "meta": dict(meta),
         "headline": _headline(primary, sets, offline_by),
         "specdec": sets[primary]["trained"],
-        "specdec_untrained": sets[primary]["untrained"],
+        "specdec_untrained": sets[primary].get("untrained"),
         "offline": offline_by["trained"],
         "table": _tau_table(sets, offline_by),
         "sets": sets,
@@ -222,6 +224,8 @@ def plot_acceptance(summary: dict, out_plot: str | os.PathLike) -> list[dict]:
     left, right = fig.subplots(1, 2)
     head = summary["headline"]
     for key, label, style in (("specdec", "trained", "o-"), ("specdec_untrained", "untrained", "s--")):
+        if summary[key] is None:  # no untrained control (`evaluate.untrained_control` false)
+            continue
         rates = _nan(summary[key]["acceptance_by_position"])
         tau = summary[key]["tau"]
         tau_txt = "n/a" if tau is None else f"{tau:.2f}"
