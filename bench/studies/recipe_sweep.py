@@ -206,7 +206,8 @@ def serve(plan: dict, config, results: dict, model_dir: str, workdir: Path) -> d
     first = results[names[0]]["drafter"]
     export = workdir / "first-sglang"
     export_sglang(first, export, text_model_type(read_config(model_dir)))
-    # no untrained control: its tau of ~1.00 is every served job's control; here it cost ~60 s
+    # no untrained control unless the plan asks: it served 1.000 in both 2026-12-07 recipe runs and
+    # cost ~60-70 s (bench/results/recipe-h100-smollm2-6m-e6.json); a plan's `evaluate` may turn it on
     evaluate = {"untrained_control": False} | plan.get("evaluate", {})
     settings = dataclasses.replace(config.evaluate, **evaluate)
     return run_served(
