@@ -5,7 +5,7 @@
 A variant named `<series>-<percent>` (e.g. `regen-50`, `dataset-25`, bench/studies/recipe_curve.json) is the
 point (percent of the training conversations, served τ at each k) of its series. Writes OUT.json (the
 points, with training samples, simulated τ, the held-out walked τ at each served k and the reports they
-came from) and OUT.png (one panel per k; the walked τ dashed beside the served one).
+came from) and OUT.png (one panel per k, the share on a log axis; the walked τ dashed beside the served one).
 """
 
 from __future__ import annotations
@@ -71,8 +71,14 @@ def plot(found: list[dict], out_png: Path) -> None:
             if walked:
                 ax.plot(*zip(*walked, strict=True), ls="--", marker=".", color=line.get_color(),
                         label=f"{series} (walked, offline)")  # fmt: skip
+        # doublings equally spaced: the field reads τ against data on a log axis (+~0.3 per 10x of
+        # training data, speculators' Qwen3-8B figures)
+        ax.set_xscale("log", base=2)
+        percents = sorted({p["percent"] for p in found})
+        ax.set_xticks(percents, [str(p) for p in percents])
+        ax.minorticks_off()
         ax.set_title(f"served τ, k = {k}")
-        ax.set_xlabel("% of training conversations")
+        ax.set_xlabel("% of training conversations (log scale)")
         ax.set_ylabel("τ (tokens per verify pass)")
         ax.grid(alpha=0.3)
         ax.legend()
