@@ -136,12 +136,17 @@ def test_compile_caches_go_back_with_a_call_and_unpack_restores_them_on_the_next
     assert none.returncode == 1 and "no compile cache" in none.stderr
     # every step's processes compile into the kit's cache (a stand-in python3 prints where)
     path = _stand_in_python3(
-        tmp_path, 'echo "triton=$TRITON_CACHE_DIR cuda=$CUDA_CACHE_PATH inductor=$TORCHINDUCTOR_CACHE_DIR"'
+        tmp_path,
+        'echo "triton=$TRITON_CACHE_DIR cuda=$CUDA_CACHE_PATH inductor=$TORCHINDUCTOR_CACHE_DIR'
+        ' tvm-ffi=$TVM_FFI_CACHE_DIR"',
     )
     probe = _bash(
         "run_recipe.sh", "kimi", cwd=tmp_path, env={"EYAS_KIT": str(first), "OUT": str(out), "PATH": path}
     )
-    want = f"triton={first}/cache/triton cuda={first}/cache/nv inductor={first}/cache/inductor"
+    want = (
+        f"triton={first}/cache/triton cuda={first}/cache/nv inductor={first}/cache/inductor"
+        f" tvm-ffi={first}/cache/tvm-ffi"
+    )
     assert want in probe.stdout, probe.stdout + probe.stderr
     kernel = first / "cache" / "triton" / "abc123" / "attention.cubin"
     kernel.parent.mkdir(parents=True)
@@ -149,21 +154,27 @@ def test_compile_caches_go_back_with_a_call_and_unpack_restores_them_on_the_next
     graph = first / "cache" / "inductor" / "fxgraph" / "xy" / "entry"  # train.compile's compiled step
     graph.parent.mkdir(parents=True)
     graph.write_bytes(b"graph" * 10)
+    # SGLang's nvcc-built JIT kernel
+    jit = first / "cache" / "tvm-ffi" / "sgl_kernel_jit_kvcache__arch_sm_90a" / "kvcache.so"
+    jit.parent.mkdir(parents=True)
+    jit.write_bytes(b"so" * 10)
     saved = _bash("run_recipe.sh", "save-caches", cwd=tmp_path, env={"EYAS_KIT": str(first), "OUT": str(out)})
     assert saved.returncode == 0, saved.stderr
-    assert "save-caches: triton inductor, 2 files" in saved.stdout
+    assert "save-caches: triton inductor tvm-ffi, 3 files" in saved.stdout
     with tarfile.open(out / "gpu-caches.tar.xz") as tar:
         assert sorted(m.name for m in tar.getmembers() if m.isfile()) == [
-            "inductor/fxgraph/xy/entry", "triton/abc123/attention.cubin"
+            "inductor/fxgraph/xy/entry", "triton/abc123/attention.cubin",
+            "tvm-ffi/sgl_kernel_jit_kvcache__arch_sm_90a/kvcache.so",
         ]  # fmt: skip
     checkout = tmp_path / "checkout"
     (checkout / ".kit4").mkdir(parents=True)
     shutil.copy(out / "gpu-caches.tar.xz", checkout / ".kit4")
     restored = _bash("run_recipe.sh", "unpack", cwd=checkout, env={"EYAS_KIT": str(second)})
     assert restored.returncode == 0, restored.stderr
-    assert "kit: compile caches restored (2 files)" in restored.stdout
+    assert "kit: compile caches restored (3 files)" in restored.stdout
     assert (second / "cache" / "triton" / "abc123" / "attention.cubin").read_bytes() == kernel.read_bytes()
     assert (second / "cache" / "inductor" / "fxgraph" / "xy" / "entry").read_bytes() == graph.read_bytes()
+    assert (second / "cache" / "tvm-ffi" / jit.parent.name / "kvcache.so").read_bytes() == jit.read_bytes()
     again = _bash("run_recipe.sh", "unpack", cwd=checkout, env={"EYAS_KIT": str(second)})
     assert (
         "compile caches restored" not in again.stdout

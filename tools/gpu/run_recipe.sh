@@ -37,8 +37,8 @@
 #   bash tools/gpu/run_recipe.sh kimi [ARGS...]         bench/gpu/kimi_wrapped.py (issue 28's wrapped target) from
 #                                                       this checkout; its JSON into $OUT
 #   bash tools/gpu/run_recipe.sh save-caches            this machine's compile caches (Triton's kernels, CUDA's
-#                                                       JIT, inductor's) into $OUT/gpu-caches.tar.xz: in .kit4 to
-#                                                       the next machine, `unpack` puts them back
+#                                                       JIT, inductor's, SGLang's nvcc-built ones) into $OUT/
+#                                                       gpu-caches.tar.xz: in .kit4 to the next machine, `unpack` puts them back
 #
 # EYAS_RECIPE_CONFIG names the recipe's config file in the checkout (default config/gpu-smollm2.yaml);
 # every step of one run must see the same one (prepare's prompts stage depends on it too).
@@ -58,9 +58,14 @@ export PYTHONPATH="$CODE/src:$KIT/site:$KIT/tools" EYAS_CACHE="$KIT/cache" PYTHO
 export SGLANG_ENABLE_JIT_DEEPGEMM=0 GIT_PYTHON_REFRESH=quiet  # no deep_gemm JIT; GitPython without git
 # compiled kernels in the kit's cache, where `save-caches` finds them and `unpack` restores a saved set: a
 # machine's first engines compile SGLang's Triton kernels (attention_backend triton) on every new machine,
-# and train.compile's first step waits 37-65 s for inductor (bench/results/train-compile-h100.json)
+# and train.compile's first step waits 37-65 s for inductor (bench/results/train-compile-h100.json).
+# SGLang 0.5.17 also builds CUDA kernels with nvcc through tvm-ffi on first use (the KV-cache store,
+# the gated activation, rope: sglang/kernels/jit/utils/compile.py, keyed by source hash and arch) into
+# TVM_FFI_CACHE_DIR, by default ~/.cache/tvm-ffi, which no kit held: a machine's first engine spent
+# 64.6-80.6 s in its first graph capture with the other caches restored
+# (bench/results/recipe-h100-smollm2-6m-e3.json)
 export TRITON_CACHE_DIR="$KIT/cache/triton" CUDA_CACHE_PATH="$KIT/cache/nv"
-export TORCHINDUCTOR_CACHE_DIR="$KIT/cache/inductor"
+export TORCHINDUCTOR_CACHE_DIR="$KIT/cache/inductor" TVM_FFI_CACHE_DIR="$KIT/cache/tvm-ffi"
 OUT=${OUT:-/tmp/out}
 
 need_run() { [[ -n ${1:-} ]] || { echo "run_recipe $step: give the run folder (e.g. /root/run)" >&2; exit 2; }; }
@@ -101,7 +106,7 @@ unpack() {
   if [[ -f .kit4/gpu-caches.tar.xz && ! -f $KIT/cache/.gpu-caches-restored ]]; then
     say tar -xJf .kit4/gpu-caches.tar.xz -C "$KIT/cache"
     say touch "$KIT/cache/.gpu-caches-restored"
-    ((DRY)) || echo "kit: compile caches restored ($(find "$KIT"/cache/{triton,nv,inductor} -type f 2>/dev/null | wc -l) files)"
+    ((DRY)) || echo "kit: compile caches restored ($(find "$KIT"/cache/{triton,nv,inductor,tvm-ffi} -type f 2>/dev/null | wc -l) files)"
   fi
   local parts="$KIT/cache/downloads"
   if [[ -f $parts/model.part0 && -f $parts/model.part1 && -f $parts/MANIFEST ]]; then
@@ -346,7 +351,7 @@ case $step in
   save-caches)
     # what this machine compiled, for the next one (same sm90 kernels on an H100 or an H200)
     dirs=()
-    for d in triton nv inductor; do [[ -d $KIT/cache/$d ]] && dirs+=("$d"); done
+    for d in triton nv inductor tvm-ffi; do [[ -d $KIT/cache/$d ]] && dirs+=("$d"); done
     ((${#dirs[@]})) || { echo "save-caches: no compile cache in $KIT/cache yet" >&2; exit 1; }
     say mkdir -p "$OUT"
     say tar -cJf "$OUT/gpu-caches.tar.xz" -C "$KIT/cache" "${dirs[@]}"
