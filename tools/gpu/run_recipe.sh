@@ -63,7 +63,7 @@ export SGLANG_ENABLE_JIT_DEEPGEMM=0 GIT_PYTHON_REFRESH=quiet  # no deep_gemm JIT
 # the gated activation, rope: sglang/kernels/jit/utils/compile.py, keyed by source hash and arch) into
 # TVM_FFI_CACHE_DIR, by default ~/.cache/tvm-ffi, which no kit held: a machine's first engine spent
 # 64.6-80.6 s in its first graph capture with the other caches restored
-# (bench/results/recipe-h100-smollm2-6m-e3.json)
+# (bench/results/recipe-h100-smollm2-6m-e6.json, recipe-h100-smollm2-6m-e3.json)
 export TRITON_CACHE_DIR="$KIT/cache/triton" CUDA_CACHE_PATH="$KIT/cache/nv"
 export TORCHINDUCTOR_CACHE_DIR="$KIT/cache/inductor" TVM_FFI_CACHE_DIR="$KIT/cache/tvm-ffi"
 OUT=${OUT:-/tmp/out}
