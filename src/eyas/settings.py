@@ -226,10 +226,7 @@ class TrainSettings:
     a run (a forkserver, each importing eyas and opening the stores: seconds) and the batches come
     back through shared memory. In the GPU trainer (H100, the GPU recipe's compiled 16k step) a step
     took 87.3 ms with reader processes against 112.1 ms beside reader threads
-    (bench/results/train-loader-h100-smollm2-demo.json); the first batch waited 12 s for the workers,
-    19-20 s in a later run, when each worker still imported torch itself (the forkserver now preloads
-    the loader: 4 workers' first batch 1.8 s against 5.5 s on a 2-core CPU, 0.78 s against 6.1 s once
-    the server runs; bench/results/loader-start-cpu.json).
+    (bench/results/train-loader-h100-smollm2-demo.json); the first batch waited 12 s for the workers.
     What is trained is the same, so a checkpoint resumes across values. The workers ignore SIGTERM,
     which a cluster sends every process of a preempted job: the trainer saves its checkpoint first."""
     nproc: int = bounded(1, ge=1, le=1024)

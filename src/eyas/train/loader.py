@@ -14,7 +14,6 @@ only on (seed, epoch): a resumed run skips batches without reading them.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import signal
 import threading
 from collections import deque
@@ -374,18 +373,6 @@ def _leave_sigterm_to_the_trainer(_worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _forkserver() -> multiprocessing.context.BaseContext:
-    """The forkserver context, its server preloading the readers' modules (torch, zarr, eyas) once.
-    CPython's forkserver (3.11-3.13) never preloads `__main__`, its documented default (the server is
-    asked for `main_path`, but the preparation data names it `init_main_from_path`), so every reader
-    re-ran the main script's imports, torch's among them, while `Process.start` waited on each in turn
-    (bench/loader_start.py). Set before the server starts; a server already running (a later training
-    in the same process) keeps what it loaded."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
-    return context
-
-
 class _ProcessReaders:
     """`readers` worker processes reading batches ahead (torch's DataLoader: each batch comes back
     through shared memory and is pinned in the caller's process), kept for the whole run.
@@ -406,7 +393,7 @@ class _ProcessReaders:
             prefetch_factor=max(1, -(-max(loader.prefetch, loader.readers) // loader.readers)),
             persistent_workers=True,
             pin_memory=loader.pin_memory,
-            multiprocessing_context=_forkserver(),
+            multiprocessing_context="forkserver",
             worker_init_fn=_leave_sigterm_to_the_trainer,
         )
 
